@@ -1,0 +1,136 @@
+// Low-precision number formats of the NVFP4 and FP8 recipes: encode and decode, bit-exact.
+//
+// The rounding here is part of the contract (SPEC 3, 4): every encoder rounds to nearest with
+// ties to the even code and saturates. flashinfer_h3/formats.py is the torch twin of this file
+// and the tests compare the two bit for bit. Never build this with --use_fast_math, and keep the
+// explicit __f*_rn intrinsics: they stop nvcc from contracting a product into an FMA.
+//
+// Arch split: E2M1 cvt exists only on sm_100a/sm_120a-class targets (PTX ISA 9.0 §9.7.9.21,
+// "cvt"); Hopper gets an exact software encoder. E4M3 cvt exists from sm_89 on, so both archs use
+// it for the UE4M3 scales.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1200 && \
+    __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
+#define FLASHINFER_H3_NATIVE_FP4 1
+#else
+#define FLASHINFER_H3_NATIVE_FP4 0
+#endif
+
+namespace flashinfer_h3 {
+
+constexpr float kE2M1Max = 6.0f;
+constexpr float kE4M3Max = 448.0f;
+
+// ---------------------------------------------------------------------------------------------
+// E4M3 (with sign) and UE4M3 (sign bit 0)
+// ---------------------------------------------------------------------------------------------
+
+// Two floats -> two E4M3 bytes, RN-even, subnormals kept, |x| > 448 saturated to +-448.
+// PTX ISA 9.0 §9.7.9.21 (cvt): `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a in the upper byte.
+__device__ __forceinline__ uint16_t cvt_e4m3x2_rn_satfinite(float lo, float hi) {
+  uint16_t packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
+__device__ __forceinline__ uint8_t e4m3_from_float(float x) {
+  return static_cast<uint8_t>(cvt_e4m3x2_rn_satfinite(x, 0.0f) & 0xFF);
+}
+
+// Exact decode of an E4M3 byte (never NaN in our data: 0x7F/0xFF are not produced).
+__device__ __forceinline__ float e4m3_to_float(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
+  // Subnormal: man * 2^-9; normal: (8 + man) * 2^(exp - 10). Both products are exact.
+  const float mag = exp == 0 ? __uint_as_float((127u - 9u) << 23) * static_cast<float>(man)
+                             : __uint_as_float((exp + 127u - 10u) << 23) * static_cast<float>(8u + man);
+  return (b & 0x80) ? -mag : mag;
+}
+
+// ---------------------------------------------------------------------------------------------
+// E2M1: code = sign << 3 | index in {0, 0.5, 1, 1.5, 2, 3, 4, 6}
+// ---------------------------------------------------------------------------------------------
+
+// Software RN-even encoder: the thresholds are the midpoints of the grid; a tie goes to the even
+// code (0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2, 2.5->2, 3.5->4, 5->4); beyond 6 saturates.
+// The sign is the float's sign bit, so -0.1 encodes as 0x8 (negative zero), as cvt does.
+__device__ __forceinline__ uint32_t e2m1_from_float_soft(float x) {
+  const float a = fabsf(x);
+  uint32_t idx;
+  if (a <= 0.25f) idx = 0;
+  else if (a < 0.75f) idx = 1;
+  else if (a <= 1.25f) idx = 2;
+  else if (a < 1.75f) idx = 3;
+  else if (a <= 2.5f) idx = 4;
+  else if (a < 3.5f) idx = 5;
+  else if (a <= 5.0f) idx = 6;
+  else idx = 7;
+  return (__float_as_uint(x) >> 28 & 0x8u) | idx;
+}
+
+// Two floats -> one byte, `lo` in the low nibble.
+__device__ __forceinline__ uint32_t e2m1x2_from_float(float lo, float hi) {
+#if FLASHINFER_H3_NATIVE_FP4
+  // PTX ISA 9.0 §9.7.9.21 (cvt): `cvt.rn.satfinite.e2m1x2.f32 d, a, b`, a -> upper nibble.
+  uint32_t out;
+  asm("{\n\t.reg .b8 packed;\n\t"
+      "cvt.rn.satfinite.e2m1x2.f32 packed, %1, %2;\n\t"
+      "cvt.u32.u8 %0, packed;\n\t}"
+      : "=r"(out)
+      : "f"(hi), "f"(lo));
+  return out;
+#else
+  return e2m1_from_float_soft(lo) | (e2m1_from_float_soft(hi) << 4);
+#endif
+}
+
+// Eight floats -> one 32-bit word of codes, element 0 in bits [3:0] (the MMA fragment order).
+__device__ __forceinline__ uint32_t e2m1x8_from_float(const float (&x)[8]) {
+  return e2m1x2_from_float(x[0], x[1]) | e2m1x2_from_float(x[2], x[3]) << 8 |
+         e2m1x2_from_float(x[4], x[5]) << 16 | e2m1x2_from_float(x[6], x[7]) << 24;
+}
+
+// Two E2M1 codes (one byte) -> half2 (low nibble -> .x), exact.
+// The three magnitude bits placed at f16 bits [11:9] give value * 2^-14 (E2M1 and f16 share the
+// subnormal/normal split), so one multiply by 2^14 restores it exactly.
+__device__ __forceinline__ __half2 e2m1x2_to_half2(uint32_t byte) {
+  const uint32_t lo = byte & 0xF, hi = (byte >> 4) & 0xF;
+  const uint32_t bits = ((lo & 7u) << 9) | ((lo & 8u) << 12) | ((hi & 7u) << 25) | ((hi & 8u) << 28);
+  __half2 h = *reinterpret_cast<const __half2*>(&bits);
+  return __hmul2(h, __half2half2(__ushort_as_half(0x7400)));  // 0x7400 = 2^14
+}
+
+__device__ __forceinline__ float e2m1_to_float(uint32_t code) {
+  const float mag_table[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  const float m = mag_table[code & 7];
+  return (code & 8) ? -m : m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NVFP4 group quantizer's scalar steps (SPEC 3: s = rn_e4m3(amax / 6), r = 1 / s)
+// ---------------------------------------------------------------------------------------------
+
+struct Nvfp4Scale {
+  uint8_t code;   // UE4M3 byte
+  float value;    // its exact value
+  float recip;    // correctly rounded 1 / value, 0 when value == 0
+};
+
+__device__ __forceinline__ Nvfp4Scale nvfp4_scale_from_amax(float amax) {
+  Nvfp4Scale s;
+  s.code = e4m3_from_float(__fdiv_rn(amax, kE2M1Max));
+  s.value = e4m3_to_float(s.code);
+  s.recip = s.value == 0.0f ? 0.0f : __frcp_rn(s.value);
+  return s;
+}
+
+// The value whose E2M1 code is stored: x * r, correctly rounded (no FMA contraction). A zero
+// scale maps every element to +0 so that the group's codes are all 0 (no negative zeros).
+__device__ __forceinline__ float nvfp4_scaled(float x, const Nvfp4Scale& s) {
+  return s.recip == 0.0f ? 0.0f : __fmul_rn(x, s.recip);
+}
+
+}  // namespace flashinfer_h3
