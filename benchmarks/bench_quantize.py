@@ -1,0 +1,222 @@
+"""Bandwidth of the quantization pre-pass (quantize_nvfp4 / quantize_fp8) against a D2D copy.
+
+Counted bytes: each input read once (q, k, v: ``3 * T * H * 128 * 2``) plus each output written
+once (the used part of every workspace region: codes, scales, means). The pre-pass really moves
+more (k is read twice, and v too for FP8: the means must be known before anything is
+quantized); that extra traffic is part of what this measures. The reference is a
+device-to-device copy (``dst.copy_(src)``, 1 GiB) timed in the same process: its bandwidth is
+``2 * nbytes / time``. Target: the pre-pass at >= 60 % of the copy's bandwidth.
+
+    python benchmarks/bench_quantize.py                     # 61,440 tokens x 56 heads, 1 segment
+    python benchmarks/bench_quantize.py --bounds 0 4096 61440 --heads 14 --json out.json
+    python benchmarks/bench_quantize.py --standalone --profile  # per-kernel times (torch.profiler)
+
+``--standalone`` builds the pre-pass alone (``tests/test_quantize_build.build_quantize_so``)
+instead of the JIT's module; ``--include DIR`` puts DIR before the package headers for that
+build (to measure a modified header, e.g. another formats.cuh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flashinfer_h3 import reference as R  # noqa: E402
+from flashinfer_h3.layout import fp8_layout, nvfp4_layout  # noqa: E402
+from flashinfer_h3.plan import Plan, build_host_plan  # noqa: E402
+
+COPY_BYTES = 1 << 30
+TARGET_FRACTION = 0.6
+
+
+def load_module(op: str, standalone: bool, include: list[Path]) -> Any:
+    if not standalone:
+        from flashinfer_h3.jit import get_module
+
+        return get_module(op)
+    import tvm_ffi
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_quantize_build import build_quantize_so
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = "sm_90a" if major == 9 else f"sm_{major}{minor}a"
+    cache = os.environ.get("FLASHINFER_H3_CACHE_DIR", "").strip()
+    out = Path(cache) / "quantize_standalone" if cache else Path(tempfile.mkdtemp())
+    so, _ = build_quantize_so(op, arch, out, tuple(include))
+    return tvm_ffi.load_module(str(so))
+
+
+def time_ms(fn, iters: int, warmup: int, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean time of ``iters`` back-to-back calls (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / iters)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(iters: int, warmup: int) -> float:
+    """GB/s of ``dst.copy_(src)`` on 1 GiB: bytes read plus bytes written over the time."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), iters, warmup)
+    return 2 * COPY_BYTES / ms / 1e6
+
+
+def checksum(tensors: list[torch.Tensor], chunk: int = 1 << 26) -> int:
+    """Position-weighted sum of the bytes: equal outputs of two builds give equal checksums."""
+    total = 0
+    for t in tensors:
+        flat = t.contiguous().view(torch.uint8).view(-1)
+        for start in range(0, flat.numel(), chunk):
+            b = flat[start : start + chunk].to(torch.int64)
+            w = torch.arange(start, start + b.numel(), device=b.device, dtype=torch.int64)
+            total += int((b * (w % 65521 + 1)).sum())
+    return total
+
+
+def kernel_times(fn, iters: int) -> dict[str, float]:
+    """Average device time per call of each kernel (us), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None)
+        if total is None:
+            total = getattr(evt, "cuda_time_total", 0.0)
+        if total:
+            out[evt.key[:90]] = total / iters
+    return out
+
+
+def bench_op(
+    op: str,
+    mod: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bounds: list[int],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    T, H = q.shape[0], q.shape[1]
+    layout = (nvfp4_layout if op == "nvfp4" else fp8_layout)(T, H, len(bounds) - 1)
+    plan = Plan.create(build_host_plan(bounds), H, q.device)
+    ws = torch.empty(layout.total_bytes, dtype=torch.uint8, device=q.device)
+    views = layout.views(ws)
+    regions = [views[r.name] for r in layout.regions]
+    fn = getattr(mod, f"quantize_{op}")
+
+    def call() -> None:
+        fn(q, k, v, *plan.args, *regions)
+
+    ms = time_ms(call, args.iters, args.warmup)
+    used = R.trim_stages(op, views, bounds)
+    out_bytes = sum(t.numel() * t.element_size() for t in used.values())
+    in_bytes = 3 * q.numel() * q.element_size()
+    result: dict[str, Any] = {
+        "op": op,
+        "ms": ms,
+        "input_bytes": in_bytes,
+        "output_bytes": out_bytes,
+        "gbps": (in_bytes + out_bytes) / ms / 1e6,
+        "checksum": checksum(list(used.values())),
+        # What the pre-pass really reads and writes: k is read twice (means first), v too for FP8.
+        "dram_bytes_estimate": in_bytes
+        + out_bytes
+        + q.numel() * q.element_size() * (1 if op == "nvfp4" else 2),
+    }
+    if args.profile:
+        try:
+            result["kernels_us"] = kernel_times(call, args.iters)
+        except Exception as exc:  # the profiler is optional: keep the timings
+            result["profile_error"] = repr(exc)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=61_440)
+    p.add_argument("--heads", type=int, default=56)
+    p.add_argument("--bounds", type=int, nargs="+", help="cu_seqlens (default: one segment)")
+    p.add_argument("--ops", nargs="+", default=["nvfp4", "fp8"], choices=["nvfp4", "fp8"])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--standalone", action="store_true", help="build the pre-pass alone")
+    p.add_argument(
+        "--include",
+        type=Path,
+        action="append",
+        default=[],
+        help="header directory searched first (with --standalone)",
+    )
+    p.add_argument("--profile", action="store_true", help="per-kernel times (torch.profiler)")
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args(argv)
+
+    bounds = args.bounds or [0, args.tokens]
+    T, H = bounds[-1], args.heads
+    torch.manual_seed(args.seed)
+    q, k, v = (torch.randn(T, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    copy_gbps = copy_bandwidth(args.iters, args.warmup)
+
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "tokens": T,
+        "heads": H,
+        "segments": len(bounds) - 1,
+        "copy_gbps": copy_gbps,
+        "include": [str(d) for d in args.include],
+        "ops": [],
+    }
+    print(
+        f"{results['device']}: {T} tokens x {H} heads, {len(bounds) - 1} segment(s); "
+        f"D2D copy {copy_gbps:.0f} GB/s"
+    )
+    print(f"{'op':6} {'ms':>8} {'in MB':>9} {'out MB':>9} {'GB/s':>8} {'of copy':>8}")
+    for op in args.ops:
+        mod = load_module(op, args.standalone, args.include)
+        r = bench_op(op, mod, q, k, v, bounds, args)
+        r["fraction_of_copy"] = r["gbps"] / copy_gbps
+        r["meets_target"] = r["fraction_of_copy"] >= TARGET_FRACTION
+        results["ops"].append(r)
+        print(
+            f"{op:6} {r['ms']:8.3f} {r['input_bytes'] / 1e6:9.1f} {r['output_bytes'] / 1e6:9.1f} "
+            f"{r['gbps']:8.0f} {100 * r['fraction_of_copy']:7.1f}%"
+        )
+        for name, us in r.get("kernels_us", {}).items():
+            print(f"    {us:9.1f} us  {name}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

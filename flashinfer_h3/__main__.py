@@ -1,0 +1,556 @@
+"""Command line: ``python -m flashinfer_h3 {info,warmup,check,bench}``.
+
+- ``info``: versions, GPUs and their kernel arch, nvcc, cache and prebuilt kernels.
+- ``warmup``: build every module of the chosen archs and ops (works without a GPU with --arch).
+- ``check``: each operator on a small random input against the reference and the FP32 oracle
+  (without a GPU: the reference against the oracle).
+- ``bench``: the MiniMax-H3 attention shapes on the present GPU, side by side with PyTorch's
+  cuDNN and flash BF16 attention (without a GPU: the reference on a small preset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .version import __version__
+
+HEAD_DIM = 128
+OPERATORS = ("nvfp4", "fp8")
+
+# Accuracy bars of SPEC 5: (relative L2 vs oracle, cosine vs oracle); vs reference: REF_L2.
+ORACLE_BARS = {"nvfp4": (0.21, 0.975), "fp8": (0.06, 0.998)}
+REF_L2 = 0.02
+
+
+def _print(*args: Any) -> None:
+    print(*args, flush=True)
+
+
+def _split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.replace(";", ",").split(",") if item.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from . import jit
+    from .jit import env
+
+    _print(f"flashinfer_h3 {__version__} ({Path(__file__).resolve().parent})")
+    try:
+        import torch
+
+        torch_text = f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})"
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+        torch_text = "torch: not installed"
+    _print(
+        f"python {platform.python_version()}, {torch_text}, apache-tvm-ffi {env.tvm_ffi_version()}"
+    )
+
+    if torch is not None and torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            try:
+                arch = env.arch_for_capability(major, minor)
+            except env.UnsupportedArchError:
+                arch = "no kernels for this GPU"
+            _print(
+                f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability "
+                f"{major}.{minor} -> {arch}"
+            )
+    else:
+        _print("GPU: none visible to torch")
+    override = os.environ.get(env.ENV_ARCH_LIST)
+    if override:
+        _print(f"{env.ENV_ARCH_LIST}={override}")
+
+    nvcc = env.find_nvcc()
+    if nvcc is None:
+        _print(f"nvcc: not found ({env.install_hint()})")
+    else:
+        try:
+            full, (major, minor) = env.nvcc_version(nvcc)
+            _print(f"nvcc: {nvcc} (CUDA {major}.{minor}, {full})")
+        except env.JitError as exc:
+            _print(f"nvcc: {nvcc} is unusable: {exc}")
+    _print(f"templates: {env.templates_dir()}")
+    root = env.cache_root() / __version__
+    cached = sorted(p.parent.name for p in root.glob("*/*/manifest.json")) if root.is_dir() else []
+    _print(f"cache: {root} ({len(cached)} module(s) built)")
+    for arch_dir in sorted(root.glob("*")) if root.is_dir() else []:
+        names = sorted(p.parent.name for p in arch_dir.glob("*/manifest.json"))
+        if names:
+            _print(f"  {arch_dir.name}: {', '.join(names)}")
+    dirs = jit.prebuilt_dirs()
+    prebuilt = jit.list_prebuilt()
+    if prebuilt:
+        _print(f"prebuilt kernels: {len(prebuilt)}")
+        for so, entry in prebuilt:
+            _print(
+                f"  {entry.get('op')} {entry.get('arch')} head_dim={entry.get('head_dim')}: {so}"
+            )
+    else:
+        where = (
+            ", ".join(str(d) for d in dirs)
+            if dirs
+            else (f"{env.ENV_PREBUILT_DIR} unset, flashinfer_h3_jit_cache not installed")
+        )
+        _print(f"prebuilt kernels: none ({where})")
+    if env.jit_disabled():
+        _print(f"{env.ENV_DISABLE_JIT}=1: a cache miss is an error")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# warmup
+# ---------------------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line bar on a terminal; one line per step otherwise (logs, CI)."""
+
+    def __init__(self, total: int, width: int = 24) -> None:
+        self.total, self.width, self.done = total, width, 0
+        self.tty = sys.stderr.isatty()
+
+    def show(self, label: str) -> None:
+        filled = self.width * self.done // max(self.total, 1)
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"[{bar}] {self.done}/{self.total} {label}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+            if self.done == self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        self.show(label)
+
+
+def _warmup_archs(arg: str | None) -> list[str]:
+    from .jit import env
+
+    if arg:
+        return env.parse_arch_list(arg)
+    override = env.arch_list_override()
+    if override:
+        return override
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.device_count() > 0):
+        raise env.UnsupportedArchError(
+            "warmup: no CUDA GPU is visible; name the targets with --arch (e.g. --arch "
+            "sm_90a,sm_120a) or FLASHINFER_H3_CUDA_ARCH_LIST"
+        )
+    archs: list[str] = []
+    for i in range(torch.cuda.device_count()):
+        arch = env.arch_for_capability(*torch.cuda.get_device_capability(i))
+        if arch not in archs:
+            archs.append(arch)
+    return archs
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    import logging
+
+    from .jit import KernelConfig, build_module, env
+    from .jit.spec import OPS
+
+    archs = _warmup_archs(args.arch)
+    ops = _split_list(args.op) if args.op else list(OPS)
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        raise ValueError(
+            f"warmup --op: unknown op(s) {', '.join(unknown)}; expected {', '.join(OPS)}"
+        )
+    if "utils" not in ops:
+        ops.insert(0, "utils")  # every operator's tests and poisoning use it
+    configs = [KernelConfig(op, HEAD_DIM, arch) for arch in archs for op in ops]
+    _print(
+        f"warmup: {len(configs)} module(s): ops {', '.join(ops)} for {', '.join(archs)} "
+        f"(cache {env.cache_root() / __version__})"
+    )
+    bar = ProgressBar(len(configs))
+    bar.show("starting")
+    jit_logger = logging.getLogger("flashinfer_h3.jit")
+    level = jit_logger.level
+    jit_logger.setLevel(logging.WARNING)  # the bar says what is being built
+    failures: list[tuple[KernelConfig, Exception]] = []
+    try:
+        for cfg in configs:
+            start = time.perf_counter()
+            try:
+                build_module(cfg)
+                status = f"{cfg.op} {cfg.arch} ({time.perf_counter() - start:.1f} s)"
+            except env.JitError as exc:
+                failures.append((cfg, exc))
+                status = f"{cfg.op} {cfg.arch} FAILED"
+            bar.step(status)
+    finally:
+        jit_logger.setLevel(level)
+    for cfg, exc in failures:
+        _print(f"\nwarmup: {cfg.op} for {cfg.arch} failed:\n{exc}")
+    if failures:
+        return 1
+    _print(f"warmup: done, {len(configs)} module(s) ready")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# shared by check and bench
+# ---------------------------------------------------------------------------------------------
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def _operator(op: str) -> Callable[..., Any]:
+    from . import diffusion_ops
+
+    return getattr(diffusion_ops, f"minimax_h3_sm120_varlen_attention_{op}")
+
+
+def _reference(op: str) -> Callable[..., Any]:
+    from . import reference
+
+    return getattr(reference, f"varlen_attention_{op}_reference")
+
+
+def _inputs(lengths: Sequence[int], heads: int, device: Any, seed: int) -> tuple[Any, ...]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    tokens = sum(lengths)
+    shape = (tokens, heads, HEAD_DIM)
+    q, k, v = (
+        torch.randn(shape, generator=gen).to(device=device, dtype=torch.bfloat16) for _ in range(3)
+    )
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    return q, k, v, cu, bounds
+
+
+def _compare(out: Any, ref: Any) -> tuple[float, float, bool]:
+    """(relative L2, cosine, all finite) of ``out`` against ``ref`` in FP64."""
+    o, r = out.double().flatten(), ref.double().flatten()
+    finite = bool(o.isfinite().all())
+    rel = float((o - r).norm() / r.norm().clamp_min(1e-30))
+    cos = float((o @ r) / (o.norm() * r.norm()).clamp_min(1e-30))
+    if not finite:
+        rel, cos = math.inf, 0.0
+    return rel, cos, finite
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import torch
+
+    from .reference import attention_oracle
+
+    ops = _split_list(args.op) if args.op else list(OPERATORS)
+    for op in ops:
+        if op not in OPERATORS:
+            raise ValueError(
+                f"check --op: unknown operator {op!r}; expected {', '.join(OPERATORS)}"
+            )
+    gpu = _has_gpu()
+    device = torch.device("cuda") if gpu else torch.device("cpu")
+    # Two segments plus an empty one and a short tail: block edges, the empty-segment path and a
+    # short last V group are all exercised, yet the CPU reference finishes in seconds.
+    lengths = (300, 0, 181, 17) if gpu else (200, 0, 75)
+    heads = 3 if gpu else 2
+    q, k, v, cu, bounds = _inputs(lengths, heads, device, args.seed)
+    oracle = attention_oracle(q, k, v, cu, cu_seqlens_host=bounds)
+    where = torch.cuda.get_device_name(device) if gpu else "CPU (no GPU: reference only)"
+    _print(f"check on {where}: segments {list(lengths)}, {heads} heads, seed {args.seed}")
+    ok = True
+    for op in ops:
+        ref = _reference(op)(q, k, v, cu, cu_seqlens_host=bounds)
+        l2_bar, cos_bar = ORACLE_BARS[op]
+        if gpu:
+            out = torch.full_like(q, float("nan"))  # every element must be written
+            _operator(op)(q, k, v, cu, out, cu_seqlens_host=bounds)
+            torch.cuda.synchronize()
+            rel_ref, _, finite_ref = _compare(out, ref)
+            rel, cos, finite = _compare(out, oracle)
+            passed = (
+                finite and finite_ref and rel_ref <= REF_L2 and rel <= l2_bar and cos >= cos_bar
+            )
+            _print(
+                f"  {op:5s} kernel: rel L2 vs reference {rel_ref:.4f} (<= {REF_L2}), vs oracle "
+                f"{rel:.4f} (<= {l2_bar}), cosine {cos:.5f} (>= {cos_bar}) "
+                f"{'PASS' if passed else 'FAIL'}"
+            )
+        else:
+            rel, cos, finite = _compare(ref, oracle)
+            passed = finite and rel <= l2_bar and cos >= cos_bar
+            _print(
+                f"  {op:5s} reference: rel L2 vs oracle {rel:.4f} (<= {l2_bar}), cosine "
+                f"{cos:.5f} (>= {cos_bar}) {'PASS' if passed else 'FAIL'}"
+            )
+        ok &= passed
+    _print("check: all passed" if ok else "check: FAILED")
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    lengths: tuple[int, ...]
+    heads: int
+    about: str
+
+
+PRESETS: dict[str, Preset] = {
+    "h3-10s": Preset((61440,), 56, "MiniMax-H3 10 s 768p: one 61,440-token segment, 56 heads"),
+    "h3-15s-sp4": Preset((92160,), 14, "MiniMax-H3 15 s at Ulysses SP=4: 92,160 tokens, 14 heads"),
+    "h3-mix": Preset(
+        (30720, 15360, 9216, 4096, 1536, 333),
+        56,
+        "a packed mix of six requests (61,261 tokens), 56 heads",
+    ),
+    "small": Preset((1000, 537), 4, "a small shape (CPU reference runs)"),
+}
+DEFAULT_PRESET = "h3-10s"
+
+
+def attention_flops(lengths: Sequence[int], heads: int) -> float:
+    """SPEC 6: ``4 * sum(L^2) * heads * 128`` (two GEMMs, 2 FLOPs per multiply-add)."""
+    return 4.0 * sum(length * length for length in lengths) * heads * HEAD_DIM
+
+
+def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs, each bracketed by CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _sdpa_runner(q: Any, k: Any, v: Any, bounds: Sequence[int], backend: Any) -> Callable[[], Any]:
+    """PyTorch BF16 SDPA with one backend, one call per segment ([1, H, L, 128] views)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    segs = [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
+    views = [tuple(t[a:b].unsqueeze(0).transpose(1, 2) for t in (q, k, v)) for a, b in segs]
+
+    def run() -> None:
+        with sdpa_kernel([backend]), torch.no_grad():
+            for qq, kk, vv in views:
+                F.scaled_dot_product_attention(qq, kk, vv)
+
+    return run
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    ops = _split_list(args.op) if args.op else list(OPERATORS)
+    for op in ops:
+        if op not in OPERATORS:
+            raise ValueError(
+                f"bench --op: unknown operator {op!r}; expected {', '.join(OPERATORS)}"
+            )
+    gpu = _has_gpu()
+    preset_name = args.preset or (DEFAULT_PRESET if gpu else "small")
+    if preset_name not in PRESETS:
+        raise ValueError(
+            f"bench --preset: unknown preset {preset_name!r}; expected one of {', '.join(PRESETS)}"
+        )
+    preset = PRESETS[preset_name]
+    flops = attention_flops(preset.lengths, preset.heads)
+    results: list[dict[str, Any]] = []
+
+    if not gpu:
+        _print(
+            "bench: no CUDA GPU visible; running the torch reference on the CPU instead "
+            f"(preset {preset_name!r}: {preset.about}). CPU times say nothing about the kernels."
+        )
+        q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, "cpu", args.seed)
+        for op in ops:
+            start = time.perf_counter()
+            _reference(op)(q, k, v, cu, cu_seqlens_host=bounds)
+            ms = (time.perf_counter() - start) * 1e3
+            results.append(
+                {"name": f"{op} reference (CPU)", "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+            )
+            _print(
+                f"  {op} reference (CPU): {ms:10.1f} ms  {flops / (ms * 1e-3) / 1e9:8.2f} GFLOP/s"
+            )
+        _write_json(args, preset_name, preset, "cpu", results)
+        return 0
+
+    from torch.nn.attention import SDPBackend
+
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    cap = torch.cuda.get_device_capability(device)
+    _print(
+        f"bench on {name} (compute capability {cap[0]}.{cap[1]}), preset {preset_name!r}: "
+        f"{preset.about}; median of {args.iters} runs, whole call"
+    )
+    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, device, args.seed)
+    out = torch.empty_like(q)
+    rows: list[tuple[str, Callable[[], Any]]] = []
+    for op in ops:
+        fn = _operator(op)
+        rows.append(
+            (f"flashinfer_h3 {op}", lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds))
+        )
+    rows.append(
+        ("torch SDPA cuDNN bf16", _sdpa_runner(q, k, v, bounds, SDPBackend.CUDNN_ATTENTION))
+    )
+    rows.append(
+        ("torch SDPA flash bf16", _sdpa_runner(q, k, v, bounds, SDPBackend.FLASH_ATTENTION))
+    )
+    for label, fn in rows:
+        try:
+            ms = _time_cuda(fn, args.iters, args.warmup)
+            results.append({"name": label, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
+        except Exception as exc:  # a peer backend may be unavailable on this build/GPU
+            results.append(
+                {
+                    "name": label,
+                    "ms": None,
+                    "tflops": None,
+                    "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                }
+            )
+    peers = {r["name"]: r["ms"] for r in results}
+    cudnn, flash = peers.get("torch SDPA cuDNN bf16"), peers.get("torch SDPA flash bf16")
+    _print(f"  {'':24s} {'ms':>9s} {'TFLOP/s':>9s} {'x cuDNN':>8s} {'x flash':>8s}")
+    for r in results:
+        if r["ms"] is None:
+            _print(f"  {r['name']:24s} n/a ({r['error']})")
+            continue
+        r["vs_cudnn"] = cudnn / r["ms"] if cudnn else None
+        r["vs_flash"] = flash / r["ms"] if flash else None
+        ratio = "  ".join(
+            f"{x:8.2f}" if x else f"{'n/a':>8s}" for x in (r["vs_cudnn"], r["vs_flash"])
+        )
+        _print(f"  {r['name']:24s} {r['ms']:9.3f} {r['tflops']:9.1f} {ratio}")
+    _write_json(args, preset_name, preset, name, results)
+    return 0
+
+
+def _write_json(
+    args: argparse.Namespace,
+    preset_name: str,
+    preset: Preset,
+    device: str,
+    results: list[dict[str, Any]],
+) -> None:
+    if not args.json:
+        return
+    payload = {
+        "flashinfer_h3": __version__,
+        "device": device,
+        "preset": preset_name,
+        "lengths": list(preset.lengths),
+        "heads": preset.heads,
+        "flops": attention_flops(preset.lengths, preset.heads),
+        "results": results,
+    }
+    Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    _print(f"bench: results written to {args.json}")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashinfer_h3", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--version", action="version", version=f"flashinfer_h3 {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, GPU and arch, nvcc, cache, prebuilt kernels")
+    p = sub.add_parser("warmup", help="build the kernels ahead of time (no GPU needed with --arch)")
+    p.add_argument(
+        "--arch",
+        help="comma-separated targets, e.g. sm_90a,sm_120a "
+        "(default: FLASHINFER_H3_CUDA_ARCH_LIST, else the visible GPUs)",
+    )
+    p.add_argument("--op", help="comma-separated ops among utils,nvfp4,fp8 (default: all)")
+    p = sub.add_parser("check", help="run each operator on a small input against the references")
+    p.add_argument("--op", help="comma-separated operators among nvfp4,fp8 (default: both)")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("bench", help="time the operators on MiniMax-H3 shapes against PyTorch SDPA")
+    p.add_argument(
+        "--preset",
+        help=f"one of {', '.join(PRESETS)} (default: {DEFAULT_PRESET}; 'small' without a GPU)",
+    )
+    p.add_argument("--op", help="comma-separated operators among nvfp4,fp8 (default: both)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the results to this JSON file")
+    return parser
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "info": cmd_info,
+    "warmup": cmd_warmup,
+    "check": cmd_check,
+    "bench": cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .jit.env import JitError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, JitError) as exc:
+        # Usage and environment problems (unknown arch, no GPU and no --arch, no nvcc): one
+        # clear line instead of a traceback.
+        print(f"python -m flashinfer_h3 {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,502 @@
+"""Public operators: low-precision packed-varlen attention for MiniMax-H3 (SPEC 2).
+
+One call, in order (``_varlen_attention``)::
+
+    check scalars, tensors, devices          nothing launched yet; ``out`` untouched on error
+    bounds = cu_seqlens_host or cu_seqlens   a D2H copy only without cu_seqlens_host
+    check bounds (on a plan-cache miss)      cu_seqlens[0] == 0, non-decreasing, [-1] == tokens
+    backend = kernel or reference            RuntimeError: GPU, toolchain, capture
+    plan  = PLANS.get(bounds, heads, device)          plan.py (LRU; graph-owned under capture)
+    views = workspace of (device, stream)             workspace.py (grow-only; graph-owned)
+    quantize -> attention                             kernels on torch's current stream
+
+Backends. ``FLASHINFER_H3_NVFP4_BACKEND`` = ``auto`` (default) | ``sm120`` | ``sm120_emulated``
+| ``reference``. ``auto`` runs the kernels (``sm120`` on compute capability 12.x, the emulated
+SM120 kernel on 9.0). ``reference`` runs the torch emulation (``reference.py``)
+on the GPU: the exact recipe, slow, not sync-free and not capturable into a CUDA graph. The FP8
+operator runs on the reference until its attention kernel lands.
+
+torch integration. Each operator is also a custom op (``torch.ops.flashinfer_h3.*``) with a
+fake implementation, used only while ``torch.compile`` traces (``torch.compiler.is_compiling()``),
+so eager calls skip the dispatcher. In compiled code ``cu_seqlens_host`` travels as an ``int[]``
+(a list or tuple of Python ints; a tensor is not accepted there).
+"""
+
+import math
+import numbers
+import operator
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .layout import HEAD_DIM, workspace_bytes_fp8, workspace_bytes_nvfp4
+from .plan import PLANS, Plan, captured_plan
+from .workspace import captured_views, eager_views, layout_for
+
+__all__ = [
+    "DEFAULT_SOFTMAX_SCALE",
+    "minimax_h3_sm120_varlen_attention_fp8",
+    "minimax_h3_sm120_varlen_attention_nvfp4",
+    "varlen_attention_fp8",
+    "varlen_attention_nvfp4",
+    "workspace_bytes_fp8",
+    "workspace_bytes_nvfp4",
+]
+
+DEFAULT_SOFTMAX_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+ENV_NVFP4_BACKEND = "FLASHINFER_H3_NVFP4_BACKEND"
+NVFP4_BACKENDS = ("auto", "sm120", "sm120_emulated", "reference")
+_INT32_MAX = 2**31 - 1
+_BF16 = torch.bfloat16
+_I32 = torch.int32
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def minimax_h3_sm120_varlen_attention_nvfp4(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, out: Tensor | None = None, *,
+    cu_seqlens_host: Sequence[int] | None = None, softmax_scale: float | None = None,
+) -> Tensor:
+    """NVFP4 (SageAttention3 recipe) non-causal packed-varlen self-attention.
+
+    For every segment ``[a, b)`` of ``cu_seqlens`` and head ``h``:
+    ``out[a:b, h] = softmax(q[a:b, h] @ k[a:b, h]^T * softmax_scale) @ v[a:b, h]``, computed
+    with the NVFP4 recipe of SPEC 3 (block-scaled E2M1 operands, FP32 softmax, one BF16
+    rounding).
+
+    Args:
+        q, k, v: contiguous ``torch.bfloat16`` CUDA tensors ``[tokens, heads, 128]``.
+        cu_seqlens: ``torch.int32`` ``[segments + 1]`` on the same device; starts at 0,
+            non-decreasing, ends at ``tokens``. Empty segments are allowed.
+        out: optional contiguous bf16 ``[tokens, heads, 128]`` output, written in place.
+        cu_seqlens_host: optional host copy of ``cu_seqlens`` (list/tuple of ints or a CPU
+            tensor). With it the call makes no device-to-host copy and no synchronisation; it
+            must equal ``cu_seqlens`` (not re-checked on the device). Required during CUDA
+            graph capture.
+        softmax_scale: finite float > 0; default ``1 / sqrt(128)``.
+
+    Returns:
+        ``out`` (allocated when not given).
+
+    Raises:
+        TypeError / ValueError: a malformed argument (named in the message); nothing launched.
+        RuntimeError: a GPU without kernels, no toolchain, or a reference backend under capture.
+    """
+    if torch.compiler.is_compiling():
+        return _compiled_call("nvfp4", q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+    return _varlen_attention("nvfp4", q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+
+
+def minimax_h3_sm120_varlen_attention_fp8(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, out: Tensor | None = None, *,
+    cu_seqlens_host: Sequence[int] | None = None, softmax_scale: float | None = None,
+) -> Tensor:
+    """FP8 (E4M3) non-causal packed-varlen self-attention (SPEC 4); same contract as
+    :func:`minimax_h3_sm120_varlen_attention_nvfp4`.
+
+    Runs on the torch emulation of the recipe until the FP8 attention kernel lands (slow; it
+    synchronises and cannot be captured into a CUDA graph).
+    """
+    if torch.compiler.is_compiling():
+        return _compiled_call("fp8", q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+    return _varlen_attention("fp8", q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+
+
+#: Arch-neutral names of the two operators (the same functions).
+varlen_attention_nvfp4 = minimax_h3_sm120_varlen_attention_nvfp4
+varlen_attention_fp8 = minimax_h3_sm120_varlen_attention_fp8
+
+
+# ---------------------------------------------------------------------------------------------
+# One call
+# ---------------------------------------------------------------------------------------------
+
+
+def _varlen_attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                      out: Tensor | None, cu_seqlens_host: Any,
+                      softmax_scale: float | None) -> Tensor:
+    scale = check_softmax_scale(softmax_scale)
+    tokens, heads = check_tensors(q, k, v, cu_seqlens, out)
+    device = q.device
+    stream, capturing = _stream_state(device)
+    bounds, plan = _bounds_and_plan(cu_seqlens, cu_seqlens_host, tokens, heads, device, capturing)
+    check_cuda(q)  # last, so that CPU tensors reach every check above
+    backend = _backend(op, device)  # RuntimeError before any launch: GPU, toolchain
+    if capturing and not backend.capturable:
+        raise RuntimeError(_NOT_CAPTURABLE[op])
+    if out is None:
+        out = torch.empty_like(q)
+    if tokens == 0:
+        return out
+    if backend.uses_workspace:
+        layout = layout_for(op, tokens, heads, len(bounds) - 1)
+        if capturing:  # tables and workspace owned by the graph being captured
+            plan, views = captured_plan(bounds, heads, device), captured_views(layout, device)
+        else:
+            plan = plan if plan is not None else PLANS.get(bounds, heads, device)
+            plan.ready(stream)
+            views = eager_views(layout, device, stream)
+        backend.run(q, k, v, out, scale, bounds, plan, views)
+    else:
+        backend.run(q, k, v, out, scale, bounds, None, ())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (every one before any launch; none reads device memory except the one D2H
+# copy of cu_seqlens when cu_seqlens_host is absent)
+# ---------------------------------------------------------------------------------------------
+
+
+def check_softmax_scale(softmax_scale: Any) -> float:
+    """The scale to use: ``1/sqrt(128)`` for ``None``; else a finite real > 0."""
+    if softmax_scale is None:
+        return DEFAULT_SOFTMAX_SCALE
+    if type(softmax_scale) is not float and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)
+    ):
+        raise TypeError(
+            f"softmax_scale must be a float (or None for 1/sqrt(128)), got "
+            f"{type(softmax_scale).__name__}"
+        )
+    scale = float(softmax_scale)
+    if not (scale > 0.0 and math.isfinite(scale)):
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+    return scale
+
+
+def _shape(t: Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def check_tensors(q: Any, k: Any, v: Any, cu_seqlens: Any, out: Any, *,
+                  check_overlap: bool = True) -> tuple[int, int]:
+    """Types, dtypes, shapes, contiguity and devices (all relative to ``q``), and that ``out``
+    does not overlap an input; returns ``(tokens, heads)``. Reads no tensor contents; pass
+    ``check_overlap=False`` for fake tensors (they have no addresses)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != _BF16:
+            raise ValueError(f"{name} must be torch.bfloat16, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must be 3-D [tokens, heads, {HEAD_DIM}], got shape {_shape(t)}"
+            )
+        if t.shape[2] != HEAD_DIM:
+            raise ValueError(
+                f"{name} must have head dim {HEAD_DIM} (shape [tokens, heads, {HEAD_DIM}]), got "
+                f"shape {_shape(t)}"
+            )
+    tokens, heads = q.shape[0], q.shape[1]
+    if heads < 1:
+        raise ValueError(f"q must have heads >= 1, got shape {_shape(q)}")
+    if tokens > _INT32_MAX:
+        raise ValueError(f"q has {tokens} tokens; at most {_INT32_MAX} (int32 cu_seqlens)")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} has shape {_shape(t)}, expected q's shape {_shape(q)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (packed [tokens, heads, {HEAD_DIM}])")
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(
+            f"cu_seqlens must be a torch.int32 tensor, got {type(cu_seqlens).__name__}"
+        )
+    if cu_seqlens.dtype != _I32:
+        raise ValueError(f"cu_seqlens must be torch.int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(
+            f"cu_seqlens must be 1-D [segments + 1] with at least one entry, got shape "
+            f"{_shape(cu_seqlens)}"
+        )
+    if out is not None:
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        if out.dtype != _BF16:
+            raise ValueError(f"out must be torch.bfloat16, got {out.dtype}")
+        if out.shape != q.shape:
+            raise ValueError(f"out has shape {_shape(out)}, expected q's shape {_shape(q)}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    dev = q.device
+    for name, t in (("k", k), ("v", v), ("cu_seqlens", cu_seqlens), ("out", out)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name} is on {t.device}, expected q's device {dev}")
+    if check_overlap and out is not None and out.numel() and dev.type != "meta":
+        lo, hi = out.data_ptr(), out.data_ptr() + out.nbytes
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            p = t.data_ptr()
+            if p < hi and lo < p + t.nbytes:
+                raise ValueError(f"out must not overlap {name} (inputs are never modified)")
+    return tokens, heads
+
+
+def check_cuda(q: Tensor) -> None:
+    """The operators run on CUDA tensors (checked last: see ``_varlen_attention``)."""
+    if q.device.type != "cuda":
+        raise ValueError(
+            f"q, k, v, cu_seqlens (and out) must be CUDA tensors, got q on {q.device}"
+        )
+
+
+def _as_host_tuple(cu_seqlens_host: Any) -> tuple:
+    """``cu_seqlens_host`` as a tuple, without touching the device."""
+    h = cu_seqlens_host
+    if type(h) is tuple:
+        return h
+    if type(h) is list:
+        return tuple(h)
+    if isinstance(h, Tensor):
+        if h.device.type != "cpu":
+            raise TypeError(
+                f"cu_seqlens_host must live on the host (a sequence of ints or a CPU tensor), "
+                f"got a tensor on {h.device}: reading it would synchronise; pass "
+                "cu_seqlens_host=None to let the call copy cu_seqlens once"
+            )
+        if h.dim() != 1 or h.dtype.is_floating_point or h.dtype.is_complex or h.dtype == torch.bool:
+            raise TypeError(
+                f"cu_seqlens_host as a tensor must be a 1-D integer CPU tensor, got {h.dtype} "
+                f"with shape {_shape(h)}"
+            )
+        return tuple(h.tolist())
+    if isinstance(h, (str, bytes, bytearray, dict, set, frozenset)) or not (
+        hasattr(h, "__len__") and hasattr(h, "__iter__")
+    ):
+        raise TypeError(
+            f"cu_seqlens_host must be a sequence of ints (list, tuple) or None, got "
+            f"{type(h).__name__}"
+        )
+    return tuple(h.tolist()) if hasattr(h, "tolist") else tuple(h)  # numpy arrays -> ints
+
+
+def check_bounds(bounds: Sequence[Any], tokens: int, name: str) -> tuple[int, ...]:
+    """Validated ``cu_seqlens`` values as a tuple of ints (``name`` is used in messages)."""
+    ints = []
+    for i, b in enumerate(bounds):
+        if isinstance(b, bool):
+            raise TypeError(f"{name}[{i}] must be an int, got bool")
+        try:
+            ints.append(operator.index(b))
+        except TypeError:
+            raise TypeError(f"{name}[{i}] must be an int, got {type(b).__name__}") from None
+    if not ints:
+        raise ValueError(f"{name} must have at least one entry (cu_seqlens[0] == 0)")
+    if ints[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {ints[0]}")
+    for i in range(1, len(ints)):
+        if ints[i] < ints[i - 1]:
+            raise ValueError(
+                f"{name} must be non-decreasing, got {name}[{i - 1}] = {ints[i - 1]} > "
+                f"{name}[{i}] = {ints[i]}"
+            )
+    if ints[-1] != tokens:
+        raise ValueError(
+            f"{name}[-1] must equal tokens = q.shape[0] = {tokens}, got {ints[-1]}"
+        )
+    return tuple(ints)
+
+
+def _bounds_and_plan(cu_seqlens: Tensor, cu_seqlens_host: Any, tokens: int, heads: int,
+                     device: torch.device, capturing: bool) -> tuple[tuple[int, ...], Plan | None]:
+    """The host bounds of the call and its cached eager plan (``None`` on a miss).
+
+    A plan-cache hit with plain ints means these exact bounds were validated before, so only
+    the per-call facts (entry count, last entry == tokens) are checked again.
+    """
+    if cu_seqlens_host is None:
+        if capturing:
+            raise ValueError(
+                "cu_seqlens_host is required while a CUDA graph is being captured (reading "
+                "cu_seqlens on the host would synchronise); pass cu_seqlens_host=<list of ints>"
+            )
+        name, bounds = "cu_seqlens", tuple(cu_seqlens.tolist())  # the one D2H copy
+    else:
+        name, bounds = "cu_seqlens_host", _as_host_tuple(cu_seqlens_host)
+        if len(bounds) != cu_seqlens.shape[0]:
+            raise ValueError(
+                f"cu_seqlens_host has {len(bounds)} entries, expected {cu_seqlens.shape[0]} "
+                "(the length of cu_seqlens)"
+            )
+    plan = PLANS.lookup(bounds, heads, device)
+    if plan is None or bounds[-1] != tokens or not all(type(b) is int for b in bounds):
+        return check_bounds(bounds, tokens, name), plan  # full check (and canonical ints)
+    return bounds, plan
+
+
+def _stream_state(device: torch.device) -> tuple[int, bool]:
+    """``(raw handle of torch's current stream on device, is it capturing a CUDA graph)``."""
+    if device.type != "cuda":
+        return 0, False
+    stream = torch._C._cuda_getCurrentRawStream(device.index)
+    if device.index == torch._C._cuda_getDevice():
+        return stream, torch._C._cuda_isCurrentStreamCapturing()
+    with torch.cuda.device(device):
+        return stream, torch._C._cuda_isCurrentStreamCapturing()
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """How one operator runs on one device."""
+
+    name: str  # "sm120" | "sm120_emulated" | "reference"
+    run: Callable[..., None]  # (q, k, v, out, scale, bounds, plan, views) -> None
+    uses_workspace: bool  # kernel backends: plan tables + workspace views
+    capturable: bool  # may run during CUDA graph capture
+
+
+def _nvfp4_kernel_runner(module: Any) -> Callable[..., None]:
+    quantize, attention = module.quantize_nvfp4, module.attention_nvfp4
+
+    def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+            bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
+        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
+        # views: kbar, qbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
+        quantize(q, k, v, seg_bounds, vkey_start, qblock_start, qblocks, *views)
+        attention(out, *views[1:], seg_bounds, vkey_start, qblocks, scale)
+
+    return run
+
+
+def _reference_runner(op: str) -> Callable[..., None]:
+    from . import reference
+
+    fn = {"nvfp4": reference.varlen_attention_nvfp4_reference,
+          "fp8": reference.varlen_attention_fp8_reference}[op]
+
+    def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+            bounds: tuple[int, ...], plan: Plan | None, views: tuple[Tensor, ...]) -> None:
+        out.copy_(fn(q, k, v, bounds, scale))  # host bounds: no D2H copy of cu_seqlens
+
+    return run
+
+
+def resolve_backend_name(op: str, capability: tuple[int, int], choice: str) -> str:
+    """The backend of ``op`` on a GPU of ``capability`` for an env ``choice`` (pure logic).
+
+    Raises ``ValueError`` for an unknown choice and ``RuntimeError`` (naming the compute
+    capability and the supported ones) for a GPU without kernels or a mismatched choice.
+    """
+    from .jit import arch_for_capability
+
+    if choice not in NVFP4_BACKENDS:
+        raise ValueError(
+            f"{ENV_NVFP4_BACKEND}={choice!r} is not a backend; expected one of "
+            f"{', '.join(NVFP4_BACKENDS)}"
+        )
+    if op == "nvfp4" and choice == "reference":
+        return "reference"  # the torch emulation runs on any CUDA GPU
+    major, minor = capability
+    arch_for_capability(major, minor)  # UnsupportedArchError (a RuntimeError) names both
+    native = "sm120" if major == 12 else "sm120_emulated"
+    if op == "fp8":
+        return "reference"  # until the FP8 attention kernel lands
+    if choice in ("auto", native):
+        return native
+    raise RuntimeError(
+        f"{ENV_NVFP4_BACKEND}={choice} needs compute capability "
+        f"{'12.x' if choice == 'sm120' else '9.0'}, but this GPU is {major}.{minor}; use "
+        f"{native}, auto or reference"
+    )
+
+
+_NOT_CAPTURABLE = {
+    "nvfp4": "the NVFP4 operator runs on the reference backend here, which cannot be captured "
+             "into a CUDA graph (the torch emulation copies host data synchronously); set "
+             f"{ENV_NVFP4_BACKEND}=auto (a kernel backend) or call it outside the capture",
+    "fp8": "the FP8 operator runs on the reference backend until its attention kernel lands, "
+           "and that cannot be captured into a CUDA graph (the torch emulation copies host "
+           "data synchronously); call it outside the capture",
+}
+_BACKENDS: dict[tuple[str, torch.device, str], _Backend] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def _backend(op: str, device: torch.device) -> _Backend:
+    choice = os.environ.get(ENV_NVFP4_BACKEND, "auto") if op == "nvfp4" else "auto"
+    key = (op, device, choice)
+    backend = _BACKENDS.get(key)
+    if backend is None:
+        with _BACKENDS_LOCK:
+            backend = _BACKENDS.get(key) or _make_backend(op, device, choice)
+            _BACKENDS[key] = backend
+    return backend
+
+
+def _make_backend(op: str, device: torch.device, choice: str) -> _Backend:
+    name = resolve_backend_name(op, torch.cuda.get_device_capability(device),
+                                choice.strip().lower() or "auto")
+    if name == "reference":
+        return _Backend("reference", _reference_runner(op), uses_workspace=False,
+                        capturable=False)
+    from .jit import get_module
+
+    module = get_module(op, device)  # prebuilt .so, else JIT build (RuntimeError if impossible)
+    return _Backend(name, _nvfp4_kernel_runner(module), uses_workspace=True, capturable=True)
+
+
+def reset_backends() -> None:
+    """Forget the resolved backends (after changing ``FLASHINFER_H3_NVFP4_BACKEND``'s meaning,
+    e.g. in tests). The env variable itself is read on every call."""
+    with _BACKENDS_LOCK:
+        _BACKENDS.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch custom ops (used while torch.compile traces; eager calls bypass the dispatcher)
+# ---------------------------------------------------------------------------------------------
+
+
+def _register_custom_ops(op: str) -> tuple[Any, Any]:
+    @torch.library.custom_op(f"flashinfer_h3::varlen_attention_{op}", mutates_args=())
+    def functional(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                   cu_seqlens_host: list[int] | None, softmax_scale: float | None) -> Tensor:
+        return _varlen_attention(op, q, k, v, cu_seqlens, None, cu_seqlens_host, softmax_scale)
+
+    @functional.register_fake
+    def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+          cu_seqlens_host: list[int] | None, softmax_scale: float | None) -> Tensor:
+        check_softmax_scale(softmax_scale)
+        check_tensors(q, k, v, cu_seqlens, None, check_overlap=False)
+        return torch.empty_like(q)
+
+    @torch.library.custom_op(f"flashinfer_h3::varlen_attention_{op}_out", mutates_args=("out",))
+    def with_out(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, out: Tensor,
+                 cu_seqlens_host: list[int] | None, softmax_scale: float | None) -> None:
+        _varlen_attention(op, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+
+    @with_out.register_fake
+    def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, out: Tensor,
+          cu_seqlens_host: list[int] | None, softmax_scale: float | None) -> None:
+        check_softmax_scale(softmax_scale)
+        check_tensors(q, k, v, cu_seqlens, out, check_overlap=False)
+
+    return functional, with_out
+
+
+_CUSTOM_OPS = {op: _register_custom_ops(op) for op in ("nvfp4", "fp8")}
+
+
+def _compiled_call(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                   out: Tensor | None, cu_seqlens_host: Any, softmax_scale: Any) -> Tensor:
+    """The traced form of a call: the custom op (functional, or ``_out`` when ``out`` is
+    given)."""
+    host = None if cu_seqlens_host is None else [int(b) for b in cu_seqlens_host]
+    functional, with_out = _CUSTOM_OPS[op]
+    if out is None:
+        return functional(q, k, v, cu_seqlens, host, softmax_scale)
+    with_out(q, k, v, cu_seqlens, out, host, softmax_scale)
+    return out

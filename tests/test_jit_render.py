@@ -1,0 +1,160 @@
+"""Kernel configurations and Jinja rendering (no nvcc, no GPU)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flashinfer_h3.jit import (
+    OP_SOURCES,
+    JitError,
+    KernelConfig,
+    TemplateNotFoundError,
+    UnsupportedArchError,
+    make_spec,
+    render_templates,
+    templates_dir,
+)
+from flashinfer_h3.version import __version__
+
+
+def _template_copy(tmp_path: Path) -> Path:
+    """A private copy of templates/ that a test may edit."""
+    dst = tmp_path / "templates"
+    shutil.copytree(templates_dir(), dst)
+    return dst
+
+
+def test_templates_dir_has_every_template_and_the_headers() -> None:
+    root = templates_dir()
+    for templates in OP_SOURCES.values():
+        for name in templates:
+            assert (root / name).is_file(), f"{name} is missing from {root}"
+    assert (root / "include" / "common.cuh").is_file()
+    assert (root / "include" / "formats.cuh").is_file()
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_121a"])
+@pytest.mark.parametrize("op", sorted(OP_SOURCES))
+def test_every_module_renders(op: str, arch: str) -> None:
+    spec = make_spec(KernelConfig(op, 128, arch))
+    names = [name for name, _ in spec.sources]
+    assert names == [t.removesuffix(".jinja") for t in OP_SOURCES[op]]
+    for name, text in spec.sources:
+        assert name.endswith(".cu")
+        assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC" in text or "#include" in text, name
+        # Jinja statements never survive rendering ("{{" can be C++ brace-init, "{%" cannot).
+        assert "{%" not in text and "%}" not in text, f"{name} for {arch}"
+
+
+def test_utils_render_carries_the_configuration() -> None:
+    for arch in ("sm_90a", "sm_120a"):
+        ((name, text),) = make_spec(KernelConfig("utils", arch=arch)).sources
+        assert name == "utils.cu"
+        assert f"arch={arch}" in text
+        assert f"flashinfer_h3 {__version__}" in text
+        assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(fill_u8" in text
+
+
+def test_context_is_the_same_for_every_template_and_holds_the_flags() -> None:
+    cfg = KernelConfig("nvfp4", 128, "sm_120a", flags={"tile_k": 64, "fast": True, "tag": "x"})
+    ctx = cfg.template_context()
+    assert ctx == {
+        "op": "nvfp4",
+        "scale_mode": "nvfp4",
+        "head_dim": 128,
+        "arch": "sm_120a",
+        "arch_num": 120,
+        "flags": {"fast": True, "tag": "x", "tile_k": 64},
+        "version": __version__,
+    }
+    assert KernelConfig("utils").template_context()["scale_mode"] is None
+    assert KernelConfig("fp8", arch="9.0").template_context()["arch_num"] == 90
+
+
+def test_flags_reach_the_rendered_source(tmp_path: Path) -> None:
+    tdir = _template_copy(tmp_path)
+    (tdir / "utils.cu.jinja").write_text(
+        "// tile={{ flags.tile }} mode={{ flags.get('mode', 'default') }} {{ arch_num }}\n"
+    )
+    spec = make_spec(KernelConfig("utils", arch="sm_120a", flags={"tile": 64}), tdir)
+    assert spec.sources == (("utils.cu", "// tile=64 mode=default 120\n"),)
+
+
+def test_missing_template_names_the_file_and_the_directory(tmp_path: Path) -> None:
+    tdir = _template_copy(tmp_path)
+    (tdir / "quantize.cu.jinja").unlink(missing_ok=True)
+    with pytest.raises(TemplateNotFoundError) as info:
+        make_spec(KernelConfig("fp8"), tdir)
+    msg = str(info.value)
+    assert "quantize.cu.jinja" in msg and str(tdir) in msg and "'fp8'" in msg
+    # Both a RuntimeError (SPEC 2's toolchain errors) and a FileNotFoundError.
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, FileNotFoundError)
+
+
+def test_undefined_name_is_an_error_not_an_empty_string(tmp_path: Path) -> None:
+    tdir = _template_copy(tmp_path)
+    (tdir / "utils.cu.jinja").write_text("int x = {{ no_such_name }};\n")
+    with pytest.raises(JitError, match="no_such_name"):
+        make_spec(KernelConfig("utils"), tdir)
+
+
+def test_jinja_syntax_error_reports_the_line(tmp_path: Path) -> None:
+    tdir = _template_copy(tmp_path)
+    (tdir / "utils.cu.jinja").write_text("ok\n{% if %}\n")
+    with pytest.raises(JitError, match="line 2"):
+        make_spec(KernelConfig("utils"), tdir)
+
+
+def test_render_templates_keeps_order_and_strips_suffix(tmp_path: Path) -> None:
+    (tmp_path / "b.cu.jinja").write_text("B{{ op }}")
+    (tmp_path / "a.cu.jinja").write_text("A{{ op }}")
+    out = render_templates(("b.cu.jinja", "a.cu.jinja"), {"op": "z"}, tmp_path)
+    assert list(out.items()) == [("b.cu", "Bz"), ("a.cu", "Az")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"op": "bf16"}, ValueError, "unknown op 'bf16'"),
+        ({"op": "nvfp4", "head_dim": 64}, ValueError, "head_dim: 64 is not supported"),
+        ({"op": "nvfp4", "head_dim": True}, TypeError, "head_dim: expected int"),
+        ({"op": "nvfp4", "arch": "sm_80"}, UnsupportedArchError, "sm_80"),
+        ({"op": "nvfp4", "arch": "sm_100a"}, UnsupportedArchError, "sm_90a"),
+        ({"op": "nvfp4", "arch": 90}, TypeError, "arch: expected str"),
+        ({"op": "nvfp4", "flags": {"not ok": 1}}, ValueError, "not an identifier"),
+        ({"op": "nvfp4", "flags": {"x": 1.5}}, TypeError, "expected bool, int or str"),
+        ({"op": "nvfp4", "flags": [("x", 1), ("x", 2)]}, ValueError, "given twice"),
+    ],
+)
+def test_kernel_config_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        KernelConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("text", "arch"),
+    [
+        ("sm_90a", "sm_90a"),
+        ("90a", "sm_90a"),
+        ("9.0", "sm_90a"),
+        ("9.0a", "sm_90a"),
+        ("compute_120a", "sm_120a"),
+        ("12.0", "sm_120a"),
+        ("SM_121A", "sm_121a"),
+        ("12.1", "sm_121a"),
+    ],
+)
+def test_arch_names_are_normalized(text: str, arch: str) -> None:
+    cfg = KernelConfig("utils", arch=text)
+    assert cfg.arch == arch
+    assert cfg == KernelConfig("utils", arch=arch)  # equal configs hash equal
+    assert hash(cfg) == hash(KernelConfig("utils", arch=arch))
+
+
+def test_flags_order_does_not_matter() -> None:
+    a = KernelConfig("utils", flags={"a": 1, "b": 2})
+    b = KernelConfig("utils", flags=[("b", 2), ("a", 1)])
+    assert a == b and a.flags == (("a", 1), ("b", 2))

@@ -1,0 +1,533 @@
+"""Plans, plan cache, workspace layout sizes, workspaces, custom ops and host overhead (CPU).
+
+The operator pipeline runs here on CPU tensors with the CUDA check disabled and a fake kernel
+module: the fake "kernels" compute the reference's quantized operands into the workspace views
+and the attention from those views, so the plumbing (plan tables, layout, views, argument order
+of docs/design.md) is checked against the reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flashinfer_h3
+from flashinfer_h3 import diffusion_ops as ops
+from flashinfer_h3 import reference as ref
+from flashinfer_h3 import workspace as wsmod
+from flashinfer_h3.layout import (
+    GROUP,
+    HEAD_DIM,
+    Q_BLOCK,
+    REGION_ALIGN,
+    V_KEY_PAD,
+    fp8_layout,
+    nvfp4_layout,
+    q_blocks_cap,
+    vkeys_cap,
+)
+from flashinfer_h3.plan import (
+    _CAPTURE_SOURCES,
+    PLAN_CACHE_SIZE,
+    PLANS,
+    TABLE_NAMES,
+    Plan,
+    PlanCache,
+    build_host_plan,
+    captured_plan,
+)
+
+CPU = torch.device("cpu")
+
+
+def _random_bounds(rng: random.Random, segments: int, max_len: int, p_empty: float = 0.2):
+    bounds = [0]
+    for _ in range(segments):
+        n = 0 if rng.random() < p_empty else rng.randint(1, max_len)
+        bounds.append(bounds[-1] + n)
+    return bounds
+
+
+# ---------------------------------------------------------------------------------------------
+# Host plan
+# ---------------------------------------------------------------------------------------------
+
+EDGE_BOUNDS = [[0], [0, 0], [0, 1], [0, 127], [0, 128], [0, 129], [0, 0, 5, 5, 0 + 5],
+               [0, 256, 256, 257, 600], [0, 63, 64, 65, 1000]]
+
+
+def _check_host_plan(bounds: list[int]) -> None:
+    plan = build_host_plan(bounds)
+    S = len(bounds) - 1
+    lengths = [bounds[s + 1] - bounds[s] for s in range(S)]
+    assert plan.bounds == tuple(bounds) and plan.num_segments == S and plan.tokens == bounds[-1]
+    # V columns: each segment padded to a multiple of 64, in segment order.
+    assert plan.vkey_start[0] == 0
+    for s, L in enumerate(lengths):
+        assert plan.vkey_start[s + 1] - plan.vkey_start[s] == math.ceil(L / V_KEY_PAD) * V_KEY_PAD
+        assert plan.qblock_start[s + 1] - plan.qblock_start[s] == math.ceil(L / Q_BLOCK)
+    assert plan.num_qblocks == plan.qblock_start[-1]
+    # Every row covered once; canonical indices a permutation; blocks inside their segment.
+    covered = [0] * bounds[-1]
+    canon = sorted(blk[3] for blk in plan.qblocks)
+    assert canon == list(range(plan.num_qblocks))
+    for s, r0, r1, c in plan.qblocks:
+        g = c - plan.qblock_start[s]
+        assert 0 <= g < plan.qblock_start[s + 1] - plan.qblock_start[s]
+        assert r0 == bounds[s] + Q_BLOCK * g and r1 == min(r0 + Q_BLOCK, bounds[s + 1]) and r1 > r0
+        for r in range(r0, r1):
+            covered[r] += 1
+    assert covered == [1] * bounds[-1]
+    # Schedule order: longest segment first, then segment index, then block index.
+    keys = [(-lengths[s], s, c) for s, _, _, c in plan.qblocks]
+    assert keys == sorted(keys)
+    assert plan.sum_sq_lengths == sum(L * L for L in lengths)
+    flat = plan.flat_tables()
+    assert len(flat) == 3 * (S + 1) + 4 * plan.num_qblocks
+
+
+@pytest.mark.parametrize("bounds", EDGE_BOUNDS, ids=str)
+def test_host_plan_edges(bounds: list[int]) -> None:
+    _check_host_plan(bounds)
+
+
+def test_host_plan_random() -> None:
+    rng = random.Random(1234)
+    for _ in range(60):
+        _check_host_plan(_random_bounds(rng, rng.randint(1, 12), rng.choice([5, 130, 700])))
+
+
+def test_plan_tables_are_views_of_one_buffer() -> None:
+    bounds = [0, 300, 300, 429]
+    plan = Plan.create(build_host_plan(bounds), heads=4, device=CPU)
+    flat = torch.tensor(plan.host.flat_tables(), dtype=torch.int32)
+    t = plan.tables
+    assert list(t) == list(TABLE_NAMES) and plan.args == tuple(t[n] for n in TABLE_NAMES)
+    base = t["seg_bounds"].untyped_storage().data_ptr()
+    for name in TABLE_NAMES:
+        assert t[name].dtype == torch.int32 and t[name].is_contiguous()
+        assert t[name].untyped_storage().data_ptr() == base
+    assert torch.equal(torch.cat([t[n].flatten() for n in TABLE_NAMES]), flat)
+    assert t["seg_bounds"].tolist() == bounds
+    assert t["qblocks"].shape == (plan.host.num_qblocks, 4)
+    assert [tuple(r) for r in t["qblocks"].tolist()] == list(plan.host.qblocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan cache
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plan_cache_lru() -> None:
+    assert PLAN_CACHE_SIZE >= 256 and PLANS.capacity >= 256
+    cache = PlanCache(capacity=3)
+    a, b, c, d = ((0, n) for n in (10, 20, 30, 40))
+    pa = cache.get(a, 2, CPU)
+    assert cache.get(a, 2, CPU) is pa and len(cache) == 1
+    cache.get(b, 2, CPU)
+    cache.get(c, 2, CPU)
+    assert cache.get(a, 2, CPU) is pa  # a becomes the most recently used
+    cache.get(d, 2, CPU)  # evicts b, the least recently used
+    assert len(cache) == 3
+    assert cache.lookup(b, 2, CPU) is None
+    assert cache.lookup(a, 2, CPU) is pa
+    assert cache.lookup(c, 2, CPU) is not None and cache.lookup(d, 2, CPU) is not None
+    # heads and device are part of the key; lookup never creates
+    assert cache.lookup(a, 3, CPU) is None and len(cache) == 3
+    assert cache.get(a, 3, CPU) is not pa
+    assert cache.lookup(a, 2, torch.device("meta")) is None
+    cache.clear()
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        PlanCache(capacity=0)
+
+
+def test_plan_cache_holds_its_capacity() -> None:
+    cache = PlanCache(capacity=300)
+    for n in range(310):
+        cache.get((0, n + 1), 1, CPU)
+    assert len(cache) == 300
+    assert cache.lookup((0, 1), 1, CPU) is None and cache.lookup((0, 310), 1, CPU) is not None
+
+
+def test_captured_plan_is_not_cached() -> None:
+    PLANS.clear()
+    bounds = (0, 77, 77, 300)
+    _CAPTURE_SOURCES.pop(bounds, None)
+    p1 = captured_plan(bounds, 2, CPU)
+    p2 = captured_plan(bounds, 2, CPU)
+    assert len(PLANS) == 0 and p1.captured and p2.captured
+    assert _CAPTURE_SOURCES[bounds][1] is _CAPTURE_SOURCES[bounds][1]  # one interned source
+    source = _CAPTURE_SOURCES[bounds][1]
+    assert source.device.type == "cpu" and source.tolist() == build_host_plan(bounds).flat_tables()
+    # each capture gets its own device tables (they belong to that capture's pool)
+    assert p1.tables["seg_bounds"].data_ptr() != p2.tables["seg_bounds"].data_ptr()
+    eager = Plan.create(build_host_plan(bounds), 2, CPU)
+    for name in TABLE_NAMES:
+        assert torch.equal(p1.tables[name], eager.tables[name])
+    _CAPTURE_SOURCES.pop(bounds, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace layout and sizes
+# ---------------------------------------------------------------------------------------------
+
+
+def _max_blocks(tokens: int, segments: int, size: int) -> int:
+    """Brute force: max of sum ceil(L_i / size) over segmentations of tokens into segments."""
+    best = [0] + [-1] * tokens  # best[t]: max over segmentations of t tokens so far
+    for _ in range(segments):
+        best = [max(best[t - L] + -(-L // size) for L in range(t + 1) if best[t - L] >= 0)
+                for t in range(tokens + 1)]
+    return best[tokens]
+
+
+@pytest.mark.parametrize("tokens,segments", [(0, 0), (0, 3), (1, 1), (5, 3), (130, 2),
+                                             (200, 3), (300, 4), (129, 1)])
+def test_caps_are_tight_upper_bounds(tokens: int, segments: int) -> None:
+    if segments == 0:
+        assert q_blocks_cap(tokens, segments) == 0 and vkeys_cap(tokens, segments) == 0
+        return
+    assert q_blocks_cap(tokens, segments) == _max_blocks(tokens, segments, Q_BLOCK)
+    assert vkeys_cap(tokens, segments) == V_KEY_PAD * _max_blocks(tokens, segments, V_KEY_PAD)
+
+
+def _expected_total(specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    total = 0
+    for dtype, shape in specs:
+        total += math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        total = -(-total // REGION_ALIGN) * REGION_ALIGN
+    return total
+
+
+SHAPES = [(0, 1, 0), (1, 1, 1), (200, 2, 3), (4096, 14, 7), (61440, 56, 1), (92160, 14, 4)]
+
+
+@pytest.mark.parametrize("tokens,heads,segments", SHAPES)
+def test_workspace_bytes_exact(tokens: int, heads: int, segments: int) -> None:
+    T, H, S, D = tokens, heads, segments, HEAD_DIM
+    nqb, nvk = q_blocks_cap(T, S), vkeys_cap(T, S)
+    u8, f32 = torch.uint8, torch.float32
+    nv = _expected_total([(f32, (S, H, D)), (f32, (nqb, H, D)), (u8, (H, T, D // 2)),
+                          (u8, (H, T, D // GROUP)), (u8, (H, T, D // 2)),
+                          (u8, (H, T, D // GROUP)), (u8, (H, D, nvk // 2)),
+                          (u8, (H, D, nvk // GROUP))])
+    f8 = _expected_total([(f32, (S, H, D)), (u8, (H, T, D)), (f32, (H, T)), (u8, (H, T, D)),
+                          (f32, (H, nqb)), (u8, (H, D, nvk)), (f32, (S, H, D))])
+    assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S) == nv
+    assert flashinfer_h3.workspace_bytes_fp8(T, H, S) == f8
+    for layout in (nvfp4_layout(T, H, S), fp8_layout(T, H, S)):
+        # regions ordered, aligned, disjoint, inside the total
+        end = 0
+        for r in layout.regions:
+            assert r.offset % REGION_ALIGN == 0 and r.offset >= end
+            end = r.offset + r.nbytes
+        assert end <= layout.total_bytes < end + REGION_ALIGN
+        if layout.total_bytes and T <= 4096:
+            exact = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+            views = layout.views(exact)
+            assert [tuple(v.shape) for v in views.values()] == [r.shape for r in layout.regions]
+            with pytest.raises(ValueError, match="needs"):
+                layout.views(exact[:-1])
+
+
+def test_workspace_bytes_errors() -> None:
+    with pytest.raises(TypeError, match="tokens"):
+        flashinfer_h3.workspace_bytes_nvfp4(1.5, 2, 1)
+    with pytest.raises(ValueError, match="num_heads"):
+        flashinfer_h3.workspace_bytes_fp8(10, 0, 1)
+    with pytest.raises(ValueError, match="segment"):
+        flashinfer_h3.workspace_bytes_nvfp4(10, 2, 0)
+    with pytest.raises(ValueError, match="num_segments"):
+        flashinfer_h3.workspace_bytes_fp8(10, 2, -1)
+
+
+def test_workspace_bytes_monotone_in_tokens() -> None:
+    for fn in (flashinfer_h3.workspace_bytes_nvfp4, flashinfer_h3.workspace_bytes_fp8):
+        sizes = [fn(t, 3, 2) for t in range(0, 1000, 37)]
+        assert sizes == sorted(sizes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspaces
+# ---------------------------------------------------------------------------------------------
+
+
+def test_workspace_grows_only_and_caches_views() -> None:
+    ws = wsmod.Workspace(CPU)
+    small = wsmod.layout_for("nvfp4", 300, 2, 2)
+    big = wsmod.layout_for("nvfp4", 40000, 4, 2)
+    v1 = ws.views(small)
+    assert ws.grow_count == 1 and ws.nbytes >= small.total_bytes
+    assert ws.nbytes % wsmod.GROW_GRANULE == 0
+    assert ws.views(small) is v1  # cached: nothing rebuilt
+    buf1 = ws.buffer
+    v2 = ws.views(big)
+    assert ws.grow_count == 2 and ws.nbytes >= big.total_bytes and ws.buffer is not buf1
+    assert ws.views(small) is not v1  # views of the old buffer were dropped
+    buf2 = ws.buffer
+    ws.views(wsmod.layout_for("fp8", 1000, 4, 3))
+    ws.views(small)
+    assert ws.buffer is buf2 and ws.grow_count == 2  # never shrinks, no regrowth
+    lo, hi = buf2.data_ptr(), buf2.data_ptr() + buf2.numel()
+    for v in (*ws.views(small), *v2):
+        assert lo <= v.data_ptr() and v.data_ptr() + v.nbytes <= hi
+
+
+def test_workspace_per_device_and_stream_shared_by_ops() -> None:
+    wsmod.release_workspaces()
+    a = wsmod.workspace_for(CPU, 0)
+    assert wsmod.workspace_for(CPU, 0) is a
+    assert wsmod.workspace_for(CPU, 12345) is not a
+    nv = wsmod.eager_views(wsmod.layout_for("nvfp4", 500, 2, 1), CPU, 0)
+    f8 = wsmod.eager_views(wsmod.layout_for("fp8", 500, 2, 1), CPU, 0)
+    assert a.buffer is not None
+    base, end = a.buffer.data_ptr(), a.buffer.data_ptr() + a.nbytes
+    assert all(base <= v.data_ptr() < end for v in (*nv, *f8))  # one buffer, both operators
+    assert set(wsmod.workspaces()) == {(CPU, 0), (CPU, 12345)}
+    wsmod.release_workspaces()
+    assert wsmod.workspaces() == {}
+
+
+def test_captured_views_are_fresh_and_exact() -> None:
+    layout = wsmod.layout_for("nvfp4", 300, 2, 2)
+    v1 = wsmod.captured_views(layout, CPU)
+    v2 = wsmod.captured_views(layout, CPU)
+    assert v1[0].untyped_storage().nbytes() == layout.total_bytes
+    assert v1[0].data_ptr() != v2[0].data_ptr()
+    assert [tuple(v.shape) for v in v1] == [r.shape for r in layout.regions]
+
+
+def test_layout_for_is_cached_and_checks_op() -> None:
+    assert wsmod.layout_for("fp8", 10, 1, 1) is wsmod.layout_for("fp8", 10, 1, 1)
+    with pytest.raises(ValueError, match="op"):
+        wsmod.layout_for("int4", 10, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator pipeline on CPU with a fake kernel module
+# ---------------------------------------------------------------------------------------------
+
+NV_NAMES = ("kbar", "qbar", "q_codes", "q_scales", "k_codes", "k_scales", "v_codes", "v_scales")
+
+
+class FakeNvfp4Module:
+    """quantize_nvfp4 / attention_nvfp4 with the signatures of docs/design.md, computed by the
+    reference from what the kernels receive (plan tables and workspace views only)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def quantize_nvfp4(self, q, k, v, seg_bounds, vkey_start, qblock_start, qblocks, *views):
+        self.calls.append("quantize")
+        assert len(views) == 8 and qblocks.shape[1] == 4
+        bounds = seg_bounds.tolist()
+        plan = build_host_plan(bounds)
+        assert vkey_start.tolist() == list(plan.vkey_start)
+        assert qblock_start.tolist() == list(plan.qblock_start)
+        assert [tuple(r) for r in qblocks.tolist()] == list(plan.qblocks)
+        stages = ref.nvfp4_quantize_stages(q, k, v, bounds)
+        for name, view in zip(NV_NAMES, views, strict=True):
+            src = stages[name]
+            assert view.dtype == src.dtype, name
+            view.fill_(0xFF if view.dtype == torch.uint8 else math.nan)  # poison, then write
+            view[tuple(slice(0, n) for n in src.shape)].copy_(src)
+
+    def attention_nvfp4(self, out, qbar, q_codes, q_scales, k_codes, k_scales, v_codes,
+                        v_scales, seg_bounds, vkey_start, qblocks, softmax_scale):
+        self.calls.append("attention")
+        assert isinstance(softmax_scale, float)
+        stages = dict(zip(NV_NAMES[1:], (qbar, q_codes, q_scales, k_codes, k_scales, v_codes,
+                                         v_scales), strict=True))
+        out.copy_(ref.nvfp4_attention_from_stages(stages, seg_bounds.tolist(), softmax_scale))
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch: pytest.MonkeyPatch) -> FakeNvfp4Module:
+    module = FakeNvfp4Module()
+    backend = ops._Backend("fake", ops._nvfp4_kernel_runner(module), uses_workspace=True,
+                           capturable=True)
+    reference = ops._Backend("reference", ops._reference_runner("fp8"), uses_workspace=False,
+                             capturable=False)
+    monkeypatch.setattr(ops, "check_cuda", lambda q: None)
+    monkeypatch.setattr(ops, "_backend",
+                        lambda op, device: backend if op == "nvfp4" else reference)
+    PLANS.clear()
+    wsmod.release_workspaces()
+    yield module
+    PLANS.clear()
+    wsmod.release_workspaces()
+
+
+def _inputs(T: int, H: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(T, H, HEAD_DIM, generator=g).bfloat16() for _ in range(3))
+
+
+def test_pipeline_matches_reference(fake_kernels: FakeNvfp4Module,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    bounds = [0, 37, 37, 200, 333]
+    T, H = bounds[-1], 2
+    q, k, v = _inputs(T, H, seed=7)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    out = torch.full((T, H, HEAD_DIM), math.nan, dtype=torch.bfloat16)
+    res = ops.varlen_attention_nvfp4(q, k, v, cu, out, cu_seqlens_host=bounds,
+                                     softmax_scale=0.07)
+    expected = ref.varlen_attention_nvfp4_reference(q, k, v, bounds, 0.07)
+    assert res is out and torch.equal(out, expected) and not out.isnan().any()
+    assert fake_kernels.calls == ["quantize", "attention"] and len(PLANS) == 1
+    ws = wsmod.workspace_for(CPU, 0)
+    grown = ws.grow_count
+    # Second call: cached plan (no Plan.create), same workspace, no growth; out allocated.
+    created = []
+    real_create = Plan.create
+    monkeypatch.setattr(Plan, "create", classmethod(
+        lambda cls, *a: created.append(a) or real_create(*a)))
+    q2, k2, v2 = _inputs(T, H, seed=8)
+    res2 = ops.varlen_attention_nvfp4(q2, k2, v2, cu)  # no host copy: reads cu_seqlens
+    assert torch.equal(res2, ref.varlen_attention_nvfp4_reference(q2, k2, v2, bounds))
+    assert created == [] and ws.grow_count == grown and len(PLANS) == 1
+    # FP8 runs on the reference backend: no workspace, no plan.
+    res3 = ops.varlen_attention_fp8(q2, k2, v2, cu, cu_seqlens_host=bounds)
+    assert torch.equal(res3, ref.varlen_attention_fp8_reference(q2, k2, v2, bounds))
+    assert len(PLANS) == 1
+
+
+def test_zero_tokens_launches_nothing(fake_kernels: FakeNvfp4Module) -> None:
+    q, k, v = (torch.empty(0, 3, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+    res = ops.varlen_attention_nvfp4(q, k, v, torch.zeros(3, dtype=torch.int32))
+    assert res.shape == (0, 3, HEAD_DIM) and fake_kernels.calls == []
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_call_skips_the_dispatcher(fake_kernels: FakeNvfp4Module) -> None:
+    bounds = [0, 100, 150]
+    q, k, v = _inputs(150, 1, seed=3)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    ops.varlen_attention_nvfp4(q, k, v, cu, cu_seqlens_host=bounds)  # warm
+    with _OpRecorder() as rec:
+        ops.varlen_attention_nvfp4(q, k, v, cu, cu_seqlens_host=bounds)
+    assert not [o for o in rec.ops if "flashinfer_h3" in o], rec.ops[:5]
+    with _OpRecorder() as rec:  # control: the custom op itself is visible to the dispatcher
+        torch.ops.flashinfer_h3.varlen_attention_nvfp4(q, k, v, cu, bounds, None)
+    assert any("flashinfer_h3.varlen_attention_nvfp4" in o for o in rec.ops)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops and torch.compile
+# ---------------------------------------------------------------------------------------------
+
+
+def test_custom_op_schemas() -> None:
+    for op in ("nvfp4", "fp8"):
+        f = getattr(torch.ops.flashinfer_h3, f"varlen_attention_{op}").default._schema
+        o = getattr(torch.ops.flashinfer_h3, f"varlen_attention_{op}_out").default._schema
+        assert str(f).endswith("-> Tensor") and "Tensor q" in str(f)
+        assert "float? softmax_scale" in str(f) and "[]? cu_seqlens_host" in str(f)
+        assert "Tensor(a4!) out" in str(o) and str(o).endswith("-> ()")
+
+
+def test_fake_impl_shapes_and_checks() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = (torch.empty(300, 4, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+        cu = torch.empty(3, dtype=torch.int32)
+        for op in ("nvfp4", "fp8"):
+            res = getattr(torch.ops.flashinfer_h3, f"varlen_attention_{op}")(
+                q, k, v, cu, [0, 100, 300], 0.1)
+            assert res.shape == q.shape and res.dtype == torch.bfloat16
+            getattr(torch.ops.flashinfer_h3, f"varlen_attention_{op}_out")(
+                q, k, v, cu, torch.empty_like(q), None, None)
+        with pytest.raises(ValueError, match="^k has shape"):
+            torch.ops.flashinfer_h3.varlen_attention_nvfp4(q, k[:10], v, cu, None, None)
+        with pytest.raises(ValueError, match="^softmax_scale"):
+            torch.ops.flashinfer_h3.varlen_attention_fp8(q, k, v, cu, None, -1.0)
+
+
+def test_torch_compile_fullgraph_cpu(fake_kernels: FakeNvfp4Module) -> None:
+    torch._dynamo.reset()
+    bounds = [0, 130, 140]
+    q, k, v = _inputs(140, 2, seed=11)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+
+    def f(q, k, v, cu, out):
+        a = ops.varlen_attention_nvfp4(q, k, v, cu, cu_seqlens_host=bounds, softmax_scale=0.1)
+        ops.varlen_attention_nvfp4(q, k, v, cu, out, cu_seqlens_host=bounds)
+        return a.float() + 1.0
+
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm.code)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    out_c, out_e = (torch.full_like(q, math.nan) for _ in range(2))
+    res_c = compiled(q, k, v, cu, out_c)
+    res_e = f(q, k, v, cu, out_e)
+    assert torch.equal(res_c, res_e) and torch.equal(out_c, out_e)
+    assert not out_c.isnan().any()
+    assert len(graphs) == 1  # one graph, through the custom ops (functional and _out)
+    assert "torch.ops.flashinfer_h3.varlen_attention_nvfp4.default(" in graphs[0]
+    assert "torch.ops.flashinfer_h3.varlen_attention_nvfp4_out.default(" in graphs[0]
+    assert fake_kernels.calls == ["quantize", "attention"] * 4
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# Host overhead
+# ---------------------------------------------------------------------------------------------
+
+
+class _NoopModule:
+    def quantize_nvfp4(self, *args: Any) -> None:
+        pass
+
+    def attention_nvfp4(self, *args: Any) -> None:
+        pass
+
+
+def test_host_overhead_cached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python time of a cached-plan call with cu_seqlens_host (module calls mocked, CPU).
+
+    SPEC 6 asks for <= 20 us per call on the GPU host; measured here about 6-8 us on a shared
+    2-core CPU. The assertion is loose (CI noise); the printed number is the measurement.
+    """
+    backend = ops._Backend("noop", ops._nvfp4_kernel_runner(_NoopModule()),
+                           uses_workspace=True, capturable=True)
+    monkeypatch.setattr(ops, "check_cuda", lambda q: None)
+    monkeypatch.setattr(ops, "_backend", lambda op, device: backend)
+    bounds = [0, 1000, 1000, 4096]
+    q, k, v = (torch.empty(4096, 14, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    out = torch.empty_like(q)
+    fn = ops.minimax_h3_sm120_varlen_attention_nvfp4
+    for _ in range(50):
+        fn(q, k, v, cu, out, cu_seqlens_host=bounds)
+    n, runs = 2000, []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(q, k, v, cu, out, cu_seqlens_host=bounds)
+        runs.append((time.perf_counter() - t0) / n * 1e6)
+    best = min(runs)
+    print(f"host overhead per cached-plan call: best {best:.1f} us, median "
+          f"{statistics.median(runs):.1f} us")
+    assert best < 40.0

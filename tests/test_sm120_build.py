@@ -1,0 +1,150 @@
+"""CPU checks of the NVFP4 attention kernel's compiled form (SPEC 6, SM120 row).
+
+The nvfp4 module is built through the JIT for sm_120a (native FP4 MMA) and sm_90a (the emulated
+MMA layer), then read back from the binary:
+
+- sm_120a, ``cuobjdump --dump-resource-usage``: at most 255 registers, no stack, no local memory;
+  the ptxas report: no spills; ``cuobjdump -elf``: the kernel is built for exactly 256 threads
+  per CTA; its dynamic shared memory (the module's ``attention_nvfp4_smem_bytes``) plus the
+  static part fits one CTA per SM of an RTX 5090 (99 KB per block);
+- sm_120a, ``--dump-sass``: the attention kernel issues 64 ``OMMA.SF.16864...UE4M3.4X``, i.e.
+  both products (QK^T and PV, 2 k64 steps x 16 n8 tiles each) run on the block-scaled FP4
+  tensor cores, and no HMMA;
+- sm_90a: no stack, local memory or spills either, and the products are HMMA (no OMMA).
+
+Needs nvcc (and cuobjdump, from the CUDA toolkit or the pip ``nvidia-cuda-cuobjdump``), no GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+KERNEL = "attention_nvfp4_kernel"
+ARCHS = ("sm_120a", "sm_90a")
+MAX_REGISTERS = 255
+THREADS = 256
+MAX_DYNAMIC_SMEM = 99 * 1024  # RTX 5090: 99 KB opt-in per block, one CTA per SM
+SM_SMEM = 100 * 1024  # shared memory of one SM120 SM
+OMMA = "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"
+OMMA_PER_TILE = 2 * 2 * 16  # (QK^T, PV) x 2 k64 steps x 16 n8 tiles
+
+
+def _cuobjdump(*args: str) -> str:
+    exe = shutil.which("cuobjdump")
+    if exe is None:
+        pytest.skip("cuobjdump not found (CUDA toolkit or pip nvidia-cuda-cuobjdump)")
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[str, Path]:
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    return {arch: Path(build_module(KernelConfig("nvfp4", arch=arch))) for arch in ARCHS}
+
+
+def _kernel_resources(so: Path) -> dict[str, int]:
+    text = _cuobjdump("--dump-resource-usage", str(so))
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "Function" in line and KERNEL in line:
+            fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", lines[i + 1]))
+            return {key: int(value) for key, value in fields.items()}
+    raise AssertionError(f"{KERNEL} not in the resource usage of {so}:\n{text[:2000]}")
+
+
+def _kernel_sass(so: Path) -> str:
+    text = _cuobjdump("--dump-sass", str(so))
+    blocks = re.split(r"\n\s*Function : ", text)
+    mine = [b for b in blocks if b.split("\n", 1)[0].strip().find(KERNEL) >= 0]
+    assert len(mine) == 1, f"expected one SASS function named *{KERNEL}*, found {len(mine)}"
+    return mine[0]
+
+
+def _max_threads(so: Path) -> tuple[int, ...]:
+    text = _cuobjdump("-elf", str(so))
+    # The section itself (a line of its own), not its entry in the section header table.
+    section = re.search(r"^\.nv\.info\.\S*" + KERNEL + r"\S*[ \t]*\n(.*?)(?:^\.|\Z)", text,
+                        re.S | re.M)
+    assert section, f"no .nv.info section of {KERNEL}"
+    m = re.search(r"EIATTR_MAX_THREADS\s*\n\s*Format:\s*\S+\s*\n\s*Value:\s*([0-9a-fx ]+)",
+                  section.group(1))
+    assert m, f"{KERNEL} has no EIATTR_MAX_THREADS (no __launch_bounds__?)"
+    return tuple(int(x, 16) for x in m.group(1).split())
+
+
+def _ptxas_report(so: Path) -> str:
+    log = so.parent / "build.log"
+    text = log.read_text()
+    m = re.search(r"Compiling entry function '\S*" + KERNEL + r"\S*'.*?\n(.*?Used \d+ registers)",
+                  text, re.S)
+    assert m, f"no ptxas report of {KERNEL} in {log}"
+    return m.group(1)
+
+
+def _load(so: Path) -> Any:
+    import tvm_ffi
+
+    return tvm_ffi.load_module(str(so))
+
+
+@pytest.mark.nvcc
+def test_sm120a_resources(builds: dict[str, Path]) -> None:
+    so = builds["sm_120a"]
+    res = _kernel_resources(so)
+    print(f"[sm_120a] {KERNEL}: {res}")
+    assert res["REG"] <= MAX_REGISTERS
+    assert res["STACK"] == 0
+    assert res["LOCAL"] == 0
+    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
+    assert _max_threads(so) == (THREADS, 1, 1)
+    dynamic = int(_load(so).attention_nvfp4_smem_bytes())
+    print(f"[sm_120a] dynamic shared memory {dynamic} B, static {res['SHARED']} B")
+    assert 0 < dynamic <= MAX_DYNAMIC_SMEM
+    assert dynamic + res["SHARED"] <= SM_SMEM
+
+
+@pytest.mark.nvcc
+def test_sm120a_both_products_on_fp4_tensor_cores(builds: dict[str, Path]) -> None:
+    sass = _kernel_sass(builds["sm_120a"])
+    assert sass.count(OMMA) == OMMA_PER_TILE
+    assert "HMMA" not in sass
+    assert "LDL" not in sass and "STL" not in sass
+
+
+@pytest.mark.nvcc
+def test_sm90a_emulation_builds_without_local_memory(builds: dict[str, Path]) -> None:
+    so = builds["sm_90a"]
+    res = _kernel_resources(so)
+    print(f"[sm_90a] {KERNEL}: {res}")
+    assert res["STACK"] == 0
+    assert res["LOCAL"] == 0
+    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
+    sass = _kernel_sass(so)
+    assert "OMMA" not in sass
+    assert "HMMA.16816.F32" in sass
+
+
+@pytest.mark.nvcc
+def test_module_exports(builds: dict[str, Path]) -> None:
+    mod = _load(builds["sm_120a"])
+    for name in ("quantize_nvfp4", "attention_nvfp4", "mma_nvfp4_probe",
+                 "attention_nvfp4_smem_bytes"):
+        assert hasattr(mod, name), name
+
+
+def test_template_renders_clean() -> None:
+    from flashinfer_h3.jit import KernelConfig, render_template
+
+    text = render_template("attention_nvfp4.cu.jinja",
+                           KernelConfig("nvfp4", arch="sm_120a").template_context())
+    assert "{{" not in text and "{%" not in text
+    assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(attention_nvfp4," in text
+    assert "use_fast_math" not in text
