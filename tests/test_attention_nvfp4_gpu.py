@@ -306,3 +306,9 @@ def test_argument_checks(module: Any) -> None:
         args = list(prep.kernel_args())
         args[-1] = args[-1].cpu()
         module.attention_nvfp4(good, *args, DEFAULT_SCALE)
+    with pytest.raises(ValueError, match="k_codes must start on a 16-byte boundary"):
+        args = list(prep.kernel_args())
+        k_codes = args[3]
+        raw = torch.empty(k_codes.numel() + 1, dtype=torch.uint8, device="cuda")
+        args[3] = raw[1:].view(k_codes.shape).copy_(k_codes)
+        module.attention_nvfp4(good, *args, DEFAULT_SCALE)

@@ -531,3 +531,36 @@ def test_host_overhead_cached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     print(f"host overhead per cached-plan call: best {best:.1f} us, median "
           f"{statistics.median(runs):.1f} us")
     assert best < 40.0
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_kernel_runner_matches_the_compiled_binding() -> None:
+    """The runner's calls have the arity and argument types of the real tvm-ffi exports: with
+    CPU tensors they get past tvm-ffi's typed signature (a mismatch is a TypeError) and stop at
+    the C++ device checks (ValueError). Builds or reuses the session's sm_90a nvfp4 module."""
+    from flashinfer_h3.jit import KernelConfig, build_module, load_so
+
+    module = load_so(build_module(KernelConfig("nvfp4", arch="sm_90a")))
+    errors: dict[str, str] = {}
+
+    class Probe:
+        def __getattr__(self, name: str) -> Any:
+            fn = getattr(module, name)
+
+            def call(*args: Any) -> None:
+                try:
+                    fn(*args)
+                except ValueError as exc:  # reached the C++ checks
+                    errors[name] = str(exc)
+
+            return call
+
+    run = ops._nvfp4_kernel_runner(Probe())
+    bounds, T, H = (0, 100, 300), 300, 2
+    q, k, v = _inputs(T, H, seed=1)
+    plan = Plan.create(build_host_plan(bounds), H, CPU)
+    views = wsmod.captured_views(wsmod.layout_for("nvfp4", T, H, 2), CPU)
+    run(q, k, v, torch.empty_like(q), 0.1, bounds, plan, views)
+    assert set(errors) == {"quantize_nvfp4", "attention_nvfp4"}
+    assert all("CUDA tensor" in msg for msg in errors.values()), errors

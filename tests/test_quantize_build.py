@@ -1,9 +1,10 @@
 """CPU tests of the quantization pre-pass template (templates/quantize.cu.jinja + quantize.cuh).
 
 The template renders for both ops, compiles with nvcc for sm_90a and sm_120a with the JIT's own
-flags, every kernel fits its budget (no stack frame, no spills, the tile kernel within its
-80-register budget of 3 CTAs an SM), sm_120a encodes E2M1 with the hardware cvt while sm_90a has none, and
-the .so loads through tvm-ffi without a GPU, exports only the rendered op and rejects CPU tensors.
+flags, every kernel fits its budget (no stack frame, no spills, the tile kernel within the 80
+registers of 3 CTAs an SM), sm_120a encodes E2M1 with the hardware cvt while sm_90a has none,
+and the .so loads through tvm-ffi without a GPU, exports only the rendered op and rejects CPU
+tensors.
 
 ``render_quantize`` / ``build_quantize_so`` are also used by the GPU test and the benchmark to
 build the pre-pass alone (the nvfp4 module of the JIT also needs the attention template).

@@ -41,9 +41,11 @@ __device__ __forceinline__ uint8_t e4m3_from_float(float x) {
   return static_cast<uint8_t>(cvt_e4m3x2_rn_satfinite(x, 0.0f) & 0xFF);
 }
 
-// Exact decode of an E4M3 byte (never NaN in our data: 0x7F/0xFF are not produced).
+// Exact decode of an E4M3 byte. 0x7F/0xFF are NaN in E4M3FN; no encoder here produces them, so
+// decoding them as NaN (as formats.py does) makes a stray byte fail a test instead of passing as 480.
 __device__ __forceinline__ float e4m3_to_float(uint8_t b) {
   const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
+  if (exp == 0xF && man == 0x7) return __uint_as_float(0x7FC00000u);
   // Subnormal: man * 2^-9; normal: (8 + man) * 2^(exp - 10). Both products are exact.
   const float mag = exp == 0 ? __uint_as_float((127u - 9u) << 23) * static_cast<float>(man)
                              : __uint_as_float((exp + 127u - 10u) << 23) * static_cast<float>(8u + man);
@@ -54,20 +56,21 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t b) {
 // E2M1: code = sign << 3 | index in {0, 0.5, 1, 1.5, 2, 3, 4, 6}
 // ---------------------------------------------------------------------------------------------
 
-// Software RN-even encoder: the thresholds are the midpoints of the grid; a tie goes to the even
-// code (0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2, 2.5->2, 3.5->4, 5->4); beyond 6 saturates.
-// The sign is the float's sign bit, so -0.1 encodes as 0x8 (negative zero), as cvt does.
+// Software RN-even encoder (Hopper has no E2M1 cvt), branch-free so a warp never diverges.
+// Below 1 the grid is {0, 0.5, 1}: adding 1.5 * 2^22 (where the float spacing is 0.5) rounds 2a
+// to an integer with ties to even, i.e. 0.25 -> 0 and 0.75 -> 1.0. From 1 on the grid values are
+// exactly the floats with one mantissa bit, so rounding the bit pattern to one mantissa bit
+// (ties to even: 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4) gives (exponent, bit) =
+// index + 252; anything past 6 (inf too) saturates to index 7. The sign is the float's sign bit,
+// so -0.1 encodes as 0x8 (negative zero), as cvt does. Checked against formats.py's rn_e2m1 on
+// every float of [2^-30, 16) at 16-bit mantissa steps and around every tie.
 __device__ __forceinline__ uint32_t e2m1_from_float_soft(float x) {
   const float a = fabsf(x);
-  uint32_t idx;
-  if (a <= 0.25f) idx = 0;
-  else if (a < 0.75f) idx = 1;
-  else if (a <= 1.25f) idx = 2;
-  else if (a < 1.75f) idx = 3;
-  else if (a <= 2.5f) idx = 4;
-  else if (a < 3.5f) idx = 5;
-  else if (a <= 5.0f) idx = 6;
-  else idx = 7;
+  const uint32_t small = __float_as_uint(__fadd_rn(a, 6291456.0f)) - 0x4AC00000u;
+  const uint32_t u = __float_as_uint(a);
+  const uint32_t rounded = u + 0x1FFFFFu + ((u >> 22) & 1u);
+  const uint32_t big = min((rounded >> 22) - 252u, 7u);
+  const uint32_t idx = a < 1.0f ? small : big;
   return (__float_as_uint(x) >> 28 & 0x8u) | idx;
 }
 

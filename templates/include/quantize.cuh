@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kHeadDim * kReduceMaxSlices) segment_reduce_ke
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch 3: one 128 x 128 tile of q, k or v per CTA, staged through shared memory
+// Launch 3: 128 x 128 tiles of q, k and v, staged through shared memory
 // ---------------------------------------------------------------------------------------------
 
 // Launch 3 is persistent and double-buffered: each CTA walks the (tensor, block, head) tiles
@@ -401,7 +401,7 @@ struct PipeSmem {
 constexpr size_t kPipeSmemBytes = sizeof(PipeSmem);
 static_assert(kPipeSmemBytes <= 99 * 1024, "must fit one CTA on SM120 (99 KB a CTA)");
 
-// The rows a tile view works on: `tile` and `stat` of one pipeline stage.
+// What the tile functions work on: the tile of the current pipeline stage and the statistics.
 struct TileSmem {
   uint4* tile;
   float (*stat)[kHeadDim];
