@@ -19,7 +19,7 @@ import torch
 from flashinfer_h3 import diffusion_ops as ops
 from flashinfer_h3 import reference as ref
 from flashinfer_h3 import workspace as wsmod
-from flashinfer_h3.plan import PLANS
+from flashinfer_h3.plan import _CAPTURE_SOURCES, PLANS
 
 pytestmark = pytest.mark.gpu
 
@@ -283,49 +283,60 @@ def test_sync_free_with_cu_seqlens_host() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_cuda_graph_capture_and_replay() -> None:
+@pytest.mark.parametrize("fresh_bounds", [False, True], ids=["planned_before", "first_seen"])
+def test_cuda_graph_capture_and_replay(fresh_bounds: bool) -> None:
+    """Two calls captured into one graph. ``planned_before``: the second call's bounds were
+    planned eagerly before the capture (its tables are copied from that plan's pinned buffer);
+    ``first_seen``: they are first seen during the capture (copied from a pageable buffer)."""
     _needs_kernel("nvfp4")
     heads = 2
     seen = [0, 300, 300, 1000]  # planned eagerly before the capture
-    fresh = [0, 1, 640, 999, 1000]  # first seen during the capture
+    # distinct bounds per variant: host sources are interned per bounds for the process
+    other = [0, 2, 641, 998, 1000] if fresh_bounds else [0, 1, 640, 999, 1000]
     q, k, v = _qkv(1000, heads, seed=10)
-    cu_seen, cu_fresh = _cu(seen), _cu(fresh)
-    out_seen, out_fresh = torch.empty_like(q), torch.empty_like(q)
+    cu_seen, cu_other = _cu(seen), _cu(other)
+    out_seen, out_other = torch.empty_like(q), torch.empty_like(q)
     side = torch.cuda.Stream()  # warm-up on a side stream, as torch recommends
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
             ops.varlen_attention_nvfp4(q, k, v, cu_seen, out_seen, cu_seqlens_host=seen)
+            if not fresh_bounds:
+                ops.varlen_attention_nvfp4(q, k, v, cu_other, out_other, cu_seqlens_host=other,
+                                           softmax_scale=0.1)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     plans_before = len(PLANS)
     workspaces_before = set(wsmod.workspaces())
+    assert (PLANS.lookup(tuple(other), heads, q.device) is None) == fresh_bounds
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.varlen_attention_nvfp4(q, k, v, cu_seen, out_seen, cu_seqlens_host=seen)
-        ops.varlen_attention_nvfp4(q, k, v, cu_fresh, out_fresh, cu_seqlens_host=fresh,
+        ops.varlen_attention_nvfp4(q, k, v, cu_other, out_other, cu_seqlens_host=other,
                                    softmax_scale=0.1)
     # Nothing captured leaks into the caches (graph-pool memory must stay with the graph).
     assert len(PLANS) == plans_before
-    assert PLANS.lookup(tuple(fresh), heads, q.device) is None
+    assert (PLANS.lookup(tuple(other), heads, q.device) is None) == fresh_bounds
     assert set(wsmod.workspaces()) == workspaces_before
+    # the host source of the recorded copy: the eager plan's pinned buffer, else pageable
+    assert _CAPTURE_SOURCES[tuple(other)][1].is_pinned() == (not fresh_bounds)
 
     def check_replay(seed: int) -> None:
         for dst, src in zip((q, k, v), _qkv(1000, heads, seed=seed), strict=True):
             dst.copy_(src)
         out_seen.fill_(math.nan)
-        out_fresh.fill_(math.nan)
+        out_other.fill_(math.nan)
         graph.replay()
         torch.cuda.synchronize()
         eager_seen = ops.varlen_attention_nvfp4(q, k, v, cu_seen, cu_seqlens_host=seen)
-        eager_fresh = ops.varlen_attention_nvfp4(q, k, v, cu_fresh, cu_seqlens_host=fresh,
+        eager_other = ops.varlen_attention_nvfp4(q, k, v, cu_other, cu_seqlens_host=other,
                                                  softmax_scale=0.1)
         torch.cuda.synchronize()
         assert torch.equal(out_seen, eager_seen)
-        assert torch.equal(out_fresh, eager_fresh)
-        emulated = ref.varlen_attention_nvfp4_reference(q, k, v, fresh, 0.1)
-        assert _rel_l2(out_fresh, emulated) <= 0.02
+        assert torch.equal(out_other, eager_other)
+        emulated = ref.varlen_attention_nvfp4_reference(q, k, v, other, 0.1)
+        assert _rel_l2(out_other, emulated) <= 0.02
 
     check_replay(seed=11)
     # The graph owns what it reads: dropping every cached plan and workspace, and reusing the

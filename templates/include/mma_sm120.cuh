@@ -29,9 +29,6 @@
 namespace flashinfer_h3 {
 namespace mma {
 
-// True when the products run on the FP4 tensor cores, false for the Hopper emulation.
-constexpr bool kNativeNvfp4Mma = true;
-
 template <int kThreadIdA>
 struct FragA {
   static_assert(kThreadIdA == 0 || kThreadIdA == 1, "thread-id-a selects a thread pair: 0 or 1");

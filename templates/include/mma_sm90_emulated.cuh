@@ -25,7 +25,6 @@
 namespace flashinfer_h3 {
 namespace mma {
 
-constexpr bool kNativeNvfp4Mma = false;
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 namespace emu {
