@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device session on an H200: every GPU test, the benchmarks and the sanitizers, logs in $OUT.
+# Usage (from the repository root, with the tvm-ffi cp312 wheel in .whl/ when it is not installed):
+#   OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|all]
+set -uo pipefail
+OUT=${OUT:-/tmp/h200_out}
+mkdir -p "$OUT"
+what=${1:-all}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+# One JIT cache for every step, so each module is built once per session.
+export FLASHINFER_H3_CACHE_DIR=${FLASHINFER_H3_CACHE_DIR:-/tmp/h3cache}
+export PYTHONUNBUFFERED=1
+{
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
+    git log -1 --format='commit %H %s' 2>/dev/null || true
+    python3 -m flashinfer_h3 info
+    python3 -m flashinfer_h3 warmup --op nvfp4,fp8,utils
+} 2>&1 | tee "$OUT/info.log"
+
+if [[ $what == all || $what == tests ]]; then
+    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/test_binding_gpu.py tests/test_ops_gpu.py tests/test_quantize_gpu.py \
+        tests/test_mma_layer_gpu.py tests/test_attention_nvfp4_gpu.py \
+        tests/test_api_errors.py tests/test_plan_workspace.py 2>&1 | tee "$OUT/tests_gpu.log"
+    timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -k "gpu or cuda" \
+        tests/test_reference_accuracy.py tests/test_formats.py tests/test_reference.py \
+        2>&1 | tee "$OUT/tests_reference_gpu.log"
+fi
+
+if [[ $what == all || $what == bench ]]; then
+    {
+        timeout 90 python3 benchmarks/bench_quantize.py --json "$OUT/bench_quantize.json"
+        for preset in h3-10s h3-15s-sp4 h3-mix; do
+            timeout 120 python3 -m flashinfer_h3 bench --op nvfp4 --preset "$preset" --iters 3 \
+                --json "$OUT/bench_$preset.json"
+        done
+    } 2>&1 | tee "$OUT/bench.log"
+fi
+
+if [[ $what == all || $what == sanitize ]]; then
+    cat > /tmp/small_call.py <<'PY'
+import torch
+from flashinfer_h3 import varlen_attention_nvfp4
+bounds = [0, 1, 17, 17, 162, 300]
+t = bounds[-1]
+q, k, v = (torch.randn(t, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+out = varlen_attention_nvfp4(q, k, v, cu, cu_seqlens_host=bounds)
+torch.cuda.synchronize()
+assert torch.isfinite(out.float()).all()
+print("small packed call ok", tuple(out.shape))
+PY
+    {
+        for tool in memcheck racecheck; do
+            timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py
+            echo "compute-sanitizer $tool exit=$?"
+        done
+    } 2>&1 | tail -n 40 | tee "$OUT/sanitize.log"
+fi
