@@ -6,8 +6,8 @@ One call, in order (``_varlen_attention``)::
     bounds = cu_seqlens_host or cu_seqlens   a D2H copy only without cu_seqlens_host
     check bounds (on a plan-cache miss)      cu_seqlens[0] == 0, non-decreasing, [-1] == tokens
     backend = kernel or reference            RuntimeError: GPU, toolchain, capture
-    plan  = PLANS.get(bounds, heads, device)          plan.py (LRU; graph-owned under capture)
-    views = workspace of (device, stream)             workspace.py (grow-only; graph-owned)
+    plan  = PLANS.get(bounds, heads, device)          plan.py (LRU; under capture: built on device)
+    views = workspace of (device, stream)             workspace.py (grow-only; under capture: temp)
     quantize -> attention                             kernels on torch's current stream
 
 Backends. ``FLASHINFER_H3_NVFP4_BACKEND`` = ``auto`` (default) | ``sm120`` | ``sm120_emulated``
@@ -138,8 +138,8 @@ def _varlen_attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tens
         return out
     if backend.uses_workspace:
         layout = layout_for(op, tokens, heads, len(bounds) - 1)
-        if capturing:  # tables and workspace owned by the graph being captured
-            plan, views = captured_plan(bounds, heads, device), captured_views(layout, device)
+        if capturing:  # tables (built from cu_seqlens) and workspace: temporaries
+            plan, views = captured_plan(bounds, heads, cu_seqlens), captured_views(layout, device)
         else:
             plan = plan if plan is not None else PLANS.get(bounds, heads, device)
             plan.ready(stream)

@@ -22,11 +22,15 @@ Where the device tables live
 - Eager calls use :data:`PLANS`, an LRU cache keyed by ``(bounds, heads, device)``. A plan is
   uploaded once, asynchronously, from pinned memory on the stream of the call that created it;
   a call on another stream first makes its stream wait for that upload (an event, no host sync).
+  Its device buffer is allocated outside any CUDA graph memory pool
+  (:func:`flashinfer_h3.workspace.cache_empty`), so a plan first made while torch.compile's
+  cudagraph trees warm up (allocations routed to their pool) never pins graph memory.
 - A call made while a CUDA graph is being captured never reads or fills :data:`PLANS`: its
-  tables are allocated during the capture (so they belong to the graph's private memory pool,
-  alive as long as the graph) and filled by a copy recorded into the graph from an immutable
-  host buffer. That host buffer is kept for the life of the process (one per distinct captured
-  ``bounds``: a few KB), since a replay reads it again.
+  tables are built on the device from the call's ``cu_seqlens`` tensor by capturable torch ops
+  (:func:`device_flat_tables`; the host bounds only fix the shapes). They are temporaries of
+  the call, allocated from the capture's pool and freed when it returns, like any op's
+  intermediates: stream order makes every replay rebuild them before the kernels read them.
+  Nothing on the host is read by a replay (no host buffer has to outlive the capture).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .layout import Q_BLOCK, V_KEY_PAD
+from .workspace import cache_empty
 
 PLAN_CACHE_SIZE = 512
 TABLE_NAMES = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
@@ -125,7 +130,7 @@ class Plan:
     _pinned: torch.Tensor | None = None  # keeps the async upload's source alive
     _uploaded: torch.cuda.Event | None = None  # recorded after the upload (CUDA, eager plans)
     _ready_streams: set[int] = field(default_factory=set)  # streams ordered after the upload
-    captured: bool = False  # tables owned by a CUDA graph capture (never cached)
+    captured: bool = False  # temporaries of a call being captured (never cached)
 
     @property
     def args(self) -> tuple[torch.Tensor, ...]:
@@ -136,31 +141,24 @@ class Plan:
     def create(cls, host: HostPlan, heads: int, device: torch.device) -> Plan:
         """Upload ``host``'s tables to ``device`` on the current stream, without a host sync.
 
-        Not for use during CUDA graph capture (see :meth:`create_captured`).
+        Not for use during CUDA graph capture (see :func:`captured_plan`).
         """
         cpu = torch.tensor(host.flat_tables(), dtype=torch.int32)
         if device.type != "cuda":
             return cls(host, device, heads, _split_tables(cpu, host))
         cpu = cpu.pin_memory()
-        dev = cpu.to(device, non_blocking=True)
+        # A long-lived cache entry: allocated outside any graph memory pool (see cache_empty),
+        # on a stream that need not be this one, hence the record_stream (a no-op when it is):
+        # after an eviction the allocator must not reuse the block before this stream's reads.
+        dev = cache_empty(cpu.numel(), torch.int32, device)
+        stream = torch.cuda.current_stream(device)
+        dev.copy_(cpu, non_blocking=True)
+        dev.record_stream(stream)
         event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
+        event.record(stream)
         plan = cls(host, device, heads, _split_tables(dev, host), cpu, event)
         plan._ready_streams.add(_stream_key(device))
         return plan
-
-    @classmethod
-    def create_captured(cls, host: HostPlan, heads: int, device: torch.device,
-                        source: torch.Tensor) -> Plan:
-        """Tables allocated and filled inside the ongoing CUDA graph capture.
-
-        ``source`` is the CPU int32 copy of ``host.flat_tables()``; the graph reads it again at
-        every replay, so the caller must keep it alive (and unchanged) as long as the graph.
-        The device buffer comes from the capture's private pool, which the graph keeps.
-        """
-        dev = torch.empty(source.numel(), dtype=torch.int32, device=device)
-        dev.copy_(source, non_blocking=True)
-        return cls(host, device, heads, _split_tables(dev, host), captured=True)
 
     def ready(self, stream_key: int) -> None:
         """Make the current stream (handle ``stream_key``) safe to read the tables: it waits
@@ -225,28 +223,65 @@ class PlanCache:
 
 PLANS = PlanCache()
 
-# Host sources of the tables recorded into CUDA graphs: bounds -> immutable CPU int32 tensor.
-_CAPTURE_SOURCES: dict[tuple[int, ...], tuple[HostPlan, torch.Tensor]] = {}
-_CAPTURE_LOCK = threading.Lock()
 
+def device_flat_tables(cu_seqlens: torch.Tensor, tokens: int, num_qblocks: int) -> torch.Tensor:
+    """:meth:`HostPlan.flat_tables` computed on ``cu_seqlens``' device, as one int32 tensor.
 
-def captured_plan(bounds: tuple[int, ...], heads: int, device: torch.device) -> Plan:
-    """A plan for a call being captured into a CUDA graph (``bounds`` validated).
+    ``num_qblocks`` (NQB, from the host bounds) and ``tokens`` fix every shape, so no op reads
+    device memory on the host or copies host data to the device: no sync, nothing pageable, and
+    the whole computation can be recorded into a CUDA graph (where a replay recomputes the
+    tables from the current contents of ``cu_seqlens``). Bit-identical to the host plan's
+    tables for valid bounds that match ``num_qblocks``.
 
-    Nothing is added to :data:`PLANS`. The tables are allocated in the capture's memory pool
-    and filled by a host-to-device copy recorded into the graph; its host source is interned
-    per ``bounds`` for the life of the process (the pinned buffer of an eager plan when one
-    exists, else a pageable one: no pinned allocation happens during the capture).
+    Contents that do not match the host bounds (``cu_seqlens`` changed before a replay) give
+    wrong tables but never out-of-range rows: the bounds are first clamped to ``[0, tokens]``
+    and made non-decreasing (a no-op on valid bounds), and surplus blocks become empty ones.
     """
-    with _CAPTURE_LOCK:
-        entry = _CAPTURE_SOURCES.get(bounds)
-        if entry is None:
-            eager = PLANS.lookup(bounds, heads, device)
-            if eager is not None and eager._pinned is not None:
-                entry = (eager.host, eager._pinned)
-            else:
-                host = build_host_plan(bounds)
-                entry = (host, torch.tensor(host.flat_tables(), dtype=torch.int32))
-            _CAPTURE_SOURCES[bounds] = entry
-    host, source = entry
-    return Plan.create_captured(host, heads, device, source)
+    device = cu_seqlens.device
+    n = cu_seqlens.numel()  # S + 1
+    segments, nqb = n - 1, num_qblocks
+    if nqb and segments < 1:
+        raise ValueError(f"num_qblocks = {nqb} needs at least one segment")
+    i64 = torch.int64
+    # int64 inside: the schedule key below is length * NQB (beyond int32); cast once at the end.
+    b = torch.cummax(torch.clamp(cu_seqlens.to(i64), 0, tokens), 0).values
+    lengths = b[1:] - b[:-1]
+    per_segment = torch.stack((
+        lengths,
+        (lengths + (V_KEY_PAD - 1)) // V_KEY_PAD * V_KEY_PAD,  # padded V columns
+        (lengths + (Q_BLOCK - 1)) // Q_BLOCK,  # 128-row query blocks
+    ))
+    # Exclusive prefix sums: rows seg_bounds (== b for valid bounds), vkey_start, qblock_start.
+    starts = torch.nn.functional.pad(per_segment.cumsum(1), (1, 0))
+    flat = torch.empty(3 * n + 4 * nqb, dtype=torch.int32, device=device)
+    flat[: 3 * n].copy_(starts.view(-1))
+    if nqb == 0:
+        return flat
+    seg_bounds, qblock_start = starts[0], starts[2]
+    canonical = torch.arange(nqb, dtype=i64, device=device)
+    # Segment of each canonical block: qblock_start[s] <= c < qblock_start[s + 1] (the clamp
+    # only matters when the contents give fewer than NQB blocks).
+    seg = torch.searchsorted(qblock_start[1:], canonical, right=True).clamp_(max=segments - 1)
+    g = canonical - qblock_start.index_select(0, seg)
+    row_begin = seg_bounds.index_select(0, seg) + g * Q_BLOCK
+    row_end = torch.minimum(row_begin + Q_BLOCK, seg_bounds[1:].index_select(0, seg))
+    row_begin = torch.minimum(row_begin, row_end)  # surplus blocks: empty, still in range
+    # Schedule order = longest segment first, then canonical order (segment, block): one
+    # unique int64 key per block, so any sort (stable or not) gives the host plan's order.
+    order = torch.argsort(canonical - lengths.index_select(0, seg) * nqb)
+    rows = torch.stack((seg, row_begin, row_end, canonical), dim=1)
+    flat[3 * n :].view(nqb, 4).copy_(rows.index_select(0, order))
+    return flat
+
+
+def captured_plan(bounds: tuple[int, ...], heads: int, cu_seqlens: torch.Tensor) -> Plan:
+    """A plan for a call being captured into a CUDA graph (``bounds`` validated and equal to
+    ``cu_seqlens``, as the API requires).
+
+    Nothing is added to :data:`PLANS` and nothing outlives the call: the tables are built on the
+    device from ``cu_seqlens`` (:func:`device_flat_tables`) into memory of the capture's pool,
+    freed when the caller drops the plan. Each replay rebuilds them before the kernels run.
+    """
+    host = build_host_plan(bounds)
+    flat = device_flat_tables(cu_seqlens, host.tokens, host.num_qblocks)
+    return Plan(host, cu_seqlens.device, heads, _split_tables(flat, host), captured=True)

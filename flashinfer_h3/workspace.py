@@ -5,22 +5,31 @@ One flat ``uint8`` buffer serves both operators; ``layout.py`` says where each r
 - Eager calls use a **grow-only** buffer per ``(device, stream)``: it is replaced by a larger one
   only when a call needs more bytes than it has, and never shrinks (``release_workspaces`` drops
   them all). Kernels of one stream run in order, so consecutive calls on a stream can share it;
-  calls on two streams never share memory. When a buffer is replaced, the caching allocator
-  reuses the old one only for later work on the same stream, so in-flight kernels are safe.
+  calls on two streams never share memory. The buffer is recorded on its stream
+  (``record_stream``), so when it is replaced or released the caching allocator reuses the
+  memory only after the kernels queued on it have finished.
+- Long-lived buffers (eager workspaces, eager plan tables) come from :func:`cache_empty`, which
+  allocates them outside any CUDA graph memory pool (see there): torch.compile's cudagraph trees
+  route a warm-up run's allocations to their graph pool, and a cache entry created there would
+  pin graph memory that the trees then reuse.
 - The typed views of a buffer (one tensor per region) are cached per ``(layout, buffer)``, so a
   call with a known shape builds nothing.
 - A call made while a CUDA graph is being captured gets a fresh buffer of exactly the layout's
-  size, allocated inside the capture: it comes from the graph's private memory pool, which
-  the graph keeps until it is destroyed, so every replay finds it (and nothing else is given
-  that memory, except later allocations of captures that share the pool, as torch documents
-  for ``pool=``). Eager workspaces are never captured into a graph.
+  size, allocated inside the capture from the graph's private pool and freed when the call
+  returns, like any op's intermediates (a replay runs the same kernels in the same stream
+  order, so the memory is never read before this call's own pre-pass writes it). Eager
+  workspaces are never captured into a graph.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +49,69 @@ def layout_for(op: str, tokens: int, heads: int, segments: int) -> WorkspaceLayo
     except KeyError:
         raise ValueError(f"op must be one of {sorted(_LAYOUTS)}, got {op!r}") from None
     return make(tokens, heads, segments)
+
+
+T = TypeVar("T")
+_ALLOCATOR: ThreadPoolExecutor | None = None
+_ALLOCATOR_LOCK = threading.Lock()
+
+
+_ALLOCATOR_IDENT: int | None = None  # threading.get_ident() of the helper thread
+
+
+def _mark_allocator_thread() -> None:
+    global _ALLOCATOR_IDENT
+    _ALLOCATOR_IDENT = threading.get_ident()
+
+
+def _allocator_thread() -> ThreadPoolExecutor:
+    global _ALLOCATOR
+    with _ALLOCATOR_LOCK:
+        if _ALLOCATOR is None:
+            _ALLOCATOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flashinfer_h3_alloc",
+                                            initializer=_mark_allocator_thread)
+        return _ALLOCATOR
+
+
+def _forget_allocator_thread() -> None:
+    global _ALLOCATOR, _ALLOCATOR_IDENT  # a forked child has no such thread: make a new one
+    _ALLOCATOR, _ALLOCATOR_IDENT = None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_allocator_thread)
+
+
+def cache_empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.empty(numel)`` for a buffer that outlives the call: never from a graph pool.
+
+    torch's caching allocator routes an allocation to a CUDA graph's private pool while that
+    pool is "allocating to": during ``torch.cuda.graph`` capture (filter on the capturing
+    stream) and during torch.compile cudagraph-tree warm-up runs
+    (``torch/_inductor/cudagraph_trees.py``, ``_use_cuda_memory_pool_manager`` ->
+    ``torch._C._cuda_beginAllocateCurrentThreadToPool``: every allocation *of that thread*;
+    older torch filtered on the warm-up stream instead). The allocation is therefore made on a
+    dedicated helper thread, whose current stream is the device's default stream: neither
+    filter matches it. The block then belongs to that stream, so a caller that uses it on
+    another stream must ``record_stream`` it there (see ``Workspace._grow`` and ``Plan``).
+
+    Costs a thread hand-off (tens of microseconds, no GPU sync); only plan-cache misses and
+    workspace growth come here. Must not be called during a capture (there is no reason to).
+    """
+    if device.type != "cuda":
+        return torch.empty(numel, dtype=dtype, device=device)
+    return on_allocator_thread(torch.empty, numel, dtype=dtype, device=device)
+
+
+def on_allocator_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` run on the helper thread of :func:`cache_empty` (waits for it)."""
+    if threading.get_ident() == _ALLOCATOR_IDENT:  # already there: submitting would deadlock
+        return fn(*args, **kwargs)
+    try:
+        future = _allocator_thread().submit(fn, *args, **kwargs)
+    except RuntimeError:  # interpreter shutdown: no new threads (and no graph warm-up either)
+        return fn(*args, **kwargs)
+    return future.result()
 
 
 def _views_tuple(layout: WorkspaceLayout, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -78,10 +150,17 @@ class Workspace:
         return views
 
     def _grow(self, nbytes: int) -> None:
+        """Replace the buffer by one of ``nbytes`` rounded up (called on the workspace's stream:
+        the stream current when the view is requested)."""
         size = -(-max(nbytes, 1) // GROW_GRANULE) * GROW_GRANULE
         self._views.clear()  # views of the old buffer must not outlive it in the cache
-        self.buffer = None  # let the allocator reuse the old block for the new one
-        self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self.buffer = None  # freed first: the allocator may reuse it once its uses are done
+        buffer = cache_empty(size, torch.uint8, self.device)
+        if self.device.type == "cuda":
+            # cache_empty's block belongs to the default stream; the kernels of this workspace
+            # run on the current one, so the allocator must wait for them before reusing it.
+            buffer.record_stream(torch.cuda.current_stream(self.device))
+        self.buffer = buffer
         self.grow_count += 1
 
 
@@ -106,7 +185,8 @@ def eager_views(layout: WorkspaceLayout, device: torch.device,
 
 
 def captured_views(layout: WorkspaceLayout, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Region views of a buffer owned by the ongoing CUDA graph capture (see module doc)."""
+    """Region views of a temporary buffer of the call being captured (from the capture's
+    pool; freed when the caller drops the views; see the module doc)."""
     buffer = torch.empty(max(layout.total_bytes, 1), dtype=torch.uint8, device=device)
     return _views_tuple(layout, buffer)
 

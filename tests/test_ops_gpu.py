@@ -19,7 +19,7 @@ import torch
 from flashinfer_h3 import diffusion_ops as ops
 from flashinfer_h3 import reference as ref
 from flashinfer_h3 import workspace as wsmod
-from flashinfer_h3.plan import _CAPTURE_SOURCES, PLANS
+from flashinfer_h3.plan import PLANS
 
 pytestmark = pytest.mark.gpu
 
@@ -31,9 +31,10 @@ REFERENCE = {
     "nvfp4": ref.varlen_attention_nvfp4_reference,
     "fp8": ref.varlen_attention_fp8_reference,
 }
-# SPEC 5: (atol, rtol, max relative L2 on N(0,1), min cosine)
+# SPEC 5: (atol, rtol, max relative L2 on N(0,1), min cosine): Gaussian inputs, default scale.
 BARS = {"nvfp4": (1.0, 0.1, 0.21, 0.975), "fp8": (0.1, 0.1, 0.06, 0.998)}
 D = 128
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _backend(op: str) -> str:
@@ -59,12 +60,17 @@ def _clean_state():
 
 
 def _qkv(tokens: int, heads: int, seed: int, kind: str = "gauss") -> tuple[torch.Tensor, ...]:
+    """bf16 q, k, v ~ N(0, 1); ``kind`` adds a per-(head, channel) bias to q and k:
+    ``qk_bias``: 2 N(0, 1), the "q,k bias" inputs of docs/numerics.md and
+    test_reference_accuracy.py; ``outliers``: the same with 4 channels 8x larger (DiT-like)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(tokens, heads, D, generator=g, device="cuda") for _ in range(3))
-    if kind == "biased":  # per-channel bias with outlier channels on q and k (DiT-like)
+    if kind != "gauss":
+        assert kind in ("qk_bias", "outliers"), kind
         for x in (q, k):
             bias = torch.randn(1, heads, D, generator=g, device="cuda") * 2.0
-            bias[..., :4] *= 8.0
+            if kind == "outliers":
+                bias[..., :4] *= 8.0
             x += bias
     return tuple(x.bfloat16().contiguous() for x in (q, k, v))
 
@@ -75,6 +81,31 @@ def _cu(bounds: list[int]) -> torch.Tensor:
 
 def _poisoned(like: torch.Tensor) -> torch.Tensor:
     return torch.full_like(like, math.nan)
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality: unlike ``torch.equal`` it holds for NaN (poisoned) tensors."""
+    if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+        return False
+    bits = _BITS[x.element_size()]
+    return torch.equal(x.view(bits), y.view(bits))
+
+
+def _pool_id(t: torch.Tensor) -> tuple[int, int]:
+    """The caching-allocator pool of ``t``'s memory: (0, 0) for the default pool, else the id of
+    a CUDA graph / MemPool private pool."""
+    addr = t.untyped_storage().data_ptr()
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        if seg["address"] <= addr < seg["address"] + seg["total_size"]:
+            return tuple(seg["segment_pool_id"])
+    raise AssertionError(f"{addr:#x} is in no segment of the caching allocator")
+
+
+def _cached_device_buffers() -> list[torch.Tensor]:
+    """Every long-lived buffer of the eager caches: plan tables and workspaces."""
+    bufs = [plan.tables["seg_bounds"] for plan in PLANS._plans.values()]
+    bufs += [ws.buffer for ws in wsmod.workspaces().values() if ws.buffer is not None]
+    return bufs
 
 
 def _rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -125,22 +156,55 @@ def test_accuracy_and_every_element_written(op: str, case: str) -> None:
     # Against the emulation of the same recipe (SPEC 5: <= 0.02; the reference itself: equal).
     emulated = REFERENCE[op](q, k, v, bounds)
     if _backend(op) == "reference":
-        assert torch.equal(out, emulated)
+        assert _same_bits(out, emulated)
     else:
         assert _rel_l2(out, emulated) <= 0.02
 
 
+# Oracle bounds for biased q, k (softmax_scale 0.05), where SPEC 5's Gaussian bars do not apply:
+# the exact recipes miss them (docs/numerics.md, "Where the exact recipes miss a SPEC 5 bar":
+# FP8 has no Q smoothing, NVFP4's delta uses the quantized K'). (max rel L2, min cosine, allclose
+# (atol, rtol) or None, max |d| - 0.1 |ref|.)
+# - qk_bias: the levels test_reference_accuracy.py::test_q_and_k_channel_bias pins for the same
+#   kind of input (measured here on CPU, 16 seeds: NVFP4 rel L2 0.17-0.20, cos >= 0.980; FP8 rel
+#   L2 0.056-0.060, cos >= 0.998, excess <= 0.06).
+# - outliers: no pinned level exists; measured (CPU, 16 seeds) NVFP4 rel L2 0.15-0.30,
+#   cos >= 0.958, excess <= 0.80; FP8 rel L2 0.064-0.123, cos >= 0.9944, excess <= 0.26. The
+#   bounds are loose sanity checks; the recipe itself is checked against the emulation.
+BIASED_BARS = {
+    ("qk_bias", "nvfp4"): (0.23, 0.975, (1.0, 0.1), None),
+    ("qk_bias", "fp8"): (0.08, 0.997, None, 0.3),
+    ("outliers", "nvfp4"): (0.40, 0.93, None, 1.2),
+    ("outliers", "fp8"): (0.16, 0.99, None, 0.45),
+}
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
-def test_biased_inputs_and_scale_no_host_copy(op: str) -> None:
+@pytest.mark.parametrize("kind", ["qk_bias", "outliers"])
+def test_biased_inputs_and_scale_no_host_copy(op: str, kind: str) -> None:
+    """Biased q, k and a non-default scale: the kernel matches the emulation of the recipe
+    (SPEC 5: rel L2 <= 0.02; the reference backend is that emulation), and the emulation's own
+    distance to the oracle stays at the levels measured for such inputs (BIASED_BARS)."""
     bounds = [0, 400, 400, 1000]
-    q, k, v = _qkv(bounds[-1], 4, seed=5, kind="biased")
-    res = OPS[op](q, k, v, _cu(bounds), softmax_scale=0.05)  # out allocated, D2H of cu_seqlens
+    scale = 0.05
+    q, k, v = _qkv(bounds[-1], 4, seed=5, kind=kind)
+    res = OPS[op](q, k, v, _cu(bounds), softmax_scale=scale)  # out allocated, D2H of cu_seqlens
     assert res.shape == q.shape and res.dtype == torch.bfloat16 and res.is_cuda
     assert bool(torch.isfinite(res).all())
-    oracle = ref.attention_oracle(q, k, v, bounds, 0.05)
-    atol, rtol, _, min_cos = BARS[op]
-    assert torch.allclose(res.float(), oracle, atol=atol, rtol=rtol)
-    assert _cos(res, oracle) >= min_cos
+    emulated = REFERENCE[op](q, k, v, bounds, scale)
+    if _backend(op) == "reference":
+        assert _same_bits(res, emulated)
+    else:
+        assert _rel_l2(res, emulated) <= 0.02
+    oracle = ref.attention_oracle(q, k, v, bounds, scale)
+    max_l2, min_cos, close, max_excess = BIASED_BARS[kind, op]
+    rel, cos = _rel_l2(res, oracle), _cos(res, oracle)
+    excess = float(((res.double() - oracle.double()).abs() - 0.1 * oracle.double().abs()).max())
+    assert rel <= max_l2 and cos >= min_cos, (rel, cos)
+    if close is not None:
+        assert torch.allclose(res.float(), oracle, atol=close[0], rtol=close[1]), excess
+    if max_excess is not None:
+        assert excess <= max_excess, excess
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -152,7 +216,7 @@ def test_inputs_never_modified_and_zero_tokens(op: str) -> None:
     OPS[op](q, k, v, cu, cu_seqlens_host=bounds)
     torch.cuda.synchronize()
     for before, after in zip(copies, (q, k, v), strict=True):
-        assert torch.equal(before, after)
+        assert _same_bits(before, after)
     assert cu.tolist() == bounds
     empty = torch.empty(0, 2, D, dtype=torch.bfloat16, device="cuda")
     for b in ([0], [0, 0]):
@@ -165,7 +229,7 @@ def test_reference_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
     q, k, v = _qkv(bounds[-1], 2, seed=21)
     monkeypatch.setenv(ops.ENV_NVFP4_BACKEND, "reference")
     out = ops.varlen_attention_nvfp4(q, k, v, _cu(bounds), _poisoned(q), cu_seqlens_host=bounds)
-    assert torch.equal(out, ref.varlen_attention_nvfp4_reference(q, k, v, bounds))
+    assert _same_bits(out, ref.varlen_attention_nvfp4_reference(q, k, v, bounds))
     monkeypatch.setenv(ops.ENV_NVFP4_BACKEND, "no-such-backend")
     with pytest.raises(ValueError, match=ops.ENV_NVFP4_BACKEND):
         ops.varlen_attention_nvfp4(q, k, v, _cu(bounds), cu_seqlens_host=bounds)
@@ -198,7 +262,7 @@ def test_non_default_stream(op: str) -> None:
         OPS[op](q, k, v, cu, out, cu_seqlens_host=bounds)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    assert torch.equal(out, expected)
+    assert _same_bits(out, expected)
     if _backend(op) != "reference":
         keys = set(wsmod.workspaces())
         dev = q.device
@@ -225,7 +289,7 @@ def test_plan_uploaded_on_a_busy_stream_is_waited_for() -> None:
         out_b = _poisoned(q)
         ops.varlen_attention_nvfp4(q, k, v, cu, out_b, cu_seqlens_host=bounds)  # plan reused
     torch.cuda.synchronize()
-    assert _rel_l2(out_b, expected) <= 0.02 and torch.equal(out_a, out_b)
+    assert _rel_l2(out_b, expected) <= 0.02 and _same_bits(out_a, out_b)
 
 
 def test_workspace_grows_and_is_shared_by_shapes() -> None:
@@ -275,7 +339,7 @@ def test_sync_free_with_cu_seqlens_host() -> None:
     torch.cuda.synchronize()
     expected = ref.varlen_attention_nvfp4_reference(q, k, v, bounds)
     assert _rel_l2(first, expected) <= 0.02
-    assert torch.equal(first, second) and torch.equal(first, third)
+    assert _same_bits(first, second) and _same_bits(first, third)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,12 +350,12 @@ def test_sync_free_with_cu_seqlens_host() -> None:
 @pytest.mark.parametrize("fresh_bounds", [False, True], ids=["planned_before", "first_seen"])
 def test_cuda_graph_capture_and_replay(fresh_bounds: bool) -> None:
     """Two calls captured into one graph. ``planned_before``: the second call's bounds were
-    planned eagerly before the capture (its tables are copied from that plan's pinned buffer);
-    ``first_seen``: they are first seen during the capture (copied from a pageable buffer)."""
+    planned eagerly before the capture; ``first_seen``: they are first seen during the capture.
+    Either way the captured calls build their plan tables on the device from ``cu_seqlens``
+    (no host-to-device copy is recorded) and touch no cache."""
     _needs_kernel("nvfp4")
     heads = 2
     seen = [0, 300, 300, 1000]  # planned eagerly before the capture
-    # distinct bounds per variant: host sources are interned per bounds for the process
     other = [0, 2, 641, 998, 1000] if fresh_bounds else [0, 1, 640, 999, 1000]
     q, k, v = _qkv(1000, heads, seed=10)
     cu_seen, cu_other = _cu(seen), _cu(other)
@@ -319,8 +383,7 @@ def test_cuda_graph_capture_and_replay(fresh_bounds: bool) -> None:
     assert len(PLANS) == plans_before
     assert (PLANS.lookup(tuple(other), heads, q.device) is None) == fresh_bounds
     assert set(wsmod.workspaces()) == workspaces_before
-    # the host source of the recorded copy: the eager plan's pinned buffer, else pageable
-    assert _CAPTURE_SOURCES[tuple(other)][1].is_pinned() == (not fresh_bounds)
+    assert all(_pool_id(b) == (0, 0) for b in _cached_device_buffers())
 
     def check_replay(seed: int) -> None:
         for dst, src in zip((q, k, v), _qkv(1000, heads, seed=seed), strict=True):
@@ -333,8 +396,8 @@ def test_cuda_graph_capture_and_replay(fresh_bounds: bool) -> None:
         eager_other = ops.varlen_attention_nvfp4(q, k, v, cu_other, cu_seqlens_host=other,
                                                  softmax_scale=0.1)
         torch.cuda.synchronize()
-        assert torch.equal(out_seen, eager_seen)
-        assert torch.equal(out_other, eager_other)
+        assert _same_bits(out_seen, eager_seen)
+        assert _same_bits(out_other, eager_other)
         emulated = ref.varlen_attention_nvfp4_reference(q, k, v, other, 0.1)
         assert _rel_l2(out_other, emulated) <= 0.02
 
@@ -415,13 +478,18 @@ def test_torch_compile_fullgraph(op: str, backend: str) -> None:
     res_c = compiled(q, k, v, cu, out_c)
     res_e = f(q, k, v, cu, out_e)
     torch.cuda.synchronize()
-    assert torch.equal(res_c, res_e) and torch.equal(out_c, out_e)
+    assert _same_bits(res_c, res_e) and _same_bits(out_c, out_e)
     assert bool(torch.isfinite(out_c).all())
     torch._dynamo.reset()
 
 
 def test_torch_compile_reduce_overhead() -> None:
-    """torch.compile's CUDA graphs (cudagraph trees) capture the operator."""
+    """torch.compile's CUDA graphs (cudagraph trees) capture the operator.
+
+    The first compiled call is a warm-up run whose allocations torch routes to the trees' graph
+    pool (every allocation of the thread); it runs the operator eagerly and creates the plan and
+    the workspace, which must not land in that pool ("tensor(s) in the cudagraph pool not
+    tracked as outputs"). The second call is recorded (the capture path: temporaries only)."""
     _needs_kernel("nvfp4")
     if "inductor" not in _compile_backends():
         pytest.skip("inductor needs triton")
@@ -437,8 +505,34 @@ def test_torch_compile_reduce_overhead() -> None:
         q, k, v = _qkv(bounds[-1], 2, seed=seed)
         res = compiled(q, k, v, cu).clone()
         torch.cuda.synchronize()
-        assert torch.equal(res, f(q, k, v, cu))
+        assert _same_bits(res, f(q, k, v, cu))
+    assert _cached_device_buffers() and all(
+        _pool_id(b) == (0, 0) for b in _cached_device_buffers())
     torch._dynamo.reset()
+
+
+def test_eager_caches_stay_out_of_a_routed_pool() -> None:
+    """What cudagraph trees do during a warm-up, without inductor: ``use_mem_pool`` routes
+    every allocation of this thread to a private pool. A new plan and a workspace growth made
+    there must still come from the default pool (their memory outlives the block)."""
+    _needs_kernel("nvfp4")
+    if not hasattr(torch.cuda, "use_mem_pool"):
+        pytest.skip("torch.cuda.use_mem_pool is not available in this torch")
+    _warm("nvfp4")
+    PLANS.clear()
+    wsmod.release_workspaces()
+    bounds = [0, 129, 129, 700]
+    q, k, v = _qkv(bounds[-1], 3, seed=22)
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        out = ops.varlen_attention_nvfp4(q, k, v, _cu(bounds), cu_seqlens_host=bounds)
+        probe = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    assert _pool_id(probe) == tuple(pool.id)  # control: the routing was active
+    assert len(PLANS) == 1 and len(wsmod.workspaces()) == 1
+    assert all(_pool_id(b) == (0, 0) for b in _cached_device_buffers())
+    assert _rel_l2(out, ref.varlen_attention_nvfp4_reference(q, k, v, bounds)) <= 0.02
+    del out, probe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +573,7 @@ def test_device_errors(op: str, case: tuple) -> None:
                 cu_seqlens_host=a["cu_seqlens_host"], softmax_scale=a["softmax_scale"])
     assert str(info.value).startswith(name), str(info.value)
     torch.cuda.synchronize()
-    assert torch.equal(out, before)
+    assert _same_bits(out, before)  # NaN-poisoned: torch.equal would never hold
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -510,8 +604,8 @@ def test_cpu_error_table_on_gpu_tensors(op: str) -> None:
             OPS[op](a["q"], a["k"], a["v"], a["cu_seqlens"], out,
                     cu_seqlens_host=a["cu_seqlens_host"], softmax_scale=a["softmax_scale"])
         assert str(info.value).startswith(case.name), (case.id, str(info.value))
-        if before is not None:
-            assert torch.equal(before, out), case.id
+        if before is not None:  # bits: some cases' out is torch.empty (may hold NaN patterns)
+            assert _same_bits(before, out), case.id
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -34,7 +35,6 @@ from flashinfer_h3.layout import (
     vkeys_cap,
 )
 from flashinfer_h3.plan import (
-    _CAPTURE_SOURCES,
     PLAN_CACHE_SIZE,
     PLANS,
     TABLE_NAMES,
@@ -42,6 +42,7 @@ from flashinfer_h3.plan import (
     PlanCache,
     build_host_plan,
     captured_plan,
+    device_flat_tables,
 )
 
 CPU = torch.device("cpu")
@@ -157,22 +158,123 @@ def test_plan_cache_holds_its_capacity() -> None:
     assert cache.lookup((0, 1), 1, CPU) is None and cache.lookup((0, 310), 1, CPU) is not None
 
 
-def test_captured_plan_is_not_cached() -> None:
+def test_captured_plan_is_built_from_cu_seqlens_and_not_cached() -> None:
     PLANS.clear()
     bounds = (0, 77, 77, 300)
-    _CAPTURE_SOURCES.pop(bounds, None)
-    p1 = captured_plan(bounds, 2, CPU)
-    p2 = captured_plan(bounds, 2, CPU)
-    assert len(PLANS) == 0 and p1.captured and p2.captured
-    assert _CAPTURE_SOURCES[bounds][1] is _CAPTURE_SOURCES[bounds][1]  # one interned source
-    source = _CAPTURE_SOURCES[bounds][1]
-    assert source.device.type == "cpu" and source.tolist() == build_host_plan(bounds).flat_tables()
-    # each capture gets its own device tables (they belong to that capture's pool)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    p1 = captured_plan(bounds, 2, cu)
+    p2 = captured_plan(bounds, 2, cu)
+    assert len(PLANS) == 0 and p1.captured and p2.captured and p1.device == cu.device
+    # each captured call gets its own tables (temporaries of that call)
     assert p1.tables["seg_bounds"].data_ptr() != p2.tables["seg_bounds"].data_ptr()
     eager = Plan.create(build_host_plan(bounds), 2, CPU)
     for name in TABLE_NAMES:
         assert torch.equal(p1.tables[name], eager.tables[name])
-    _CAPTURE_SOURCES.pop(bounds, None)
+    # The tables come from cu_seqlens' contents (what a graph replay reads), not from a host
+    # copy: the host bounds only fix the shapes.
+    shifted = torch.tensor((0, 76, 76, 300), dtype=torch.int32)
+    p3 = captured_plan(bounds, 2, shifted)
+    assert p3.tables["seg_bounds"].tolist() == shifted.tolist()
+
+
+def _device_tables_equal_host(bounds: list[int]) -> None:
+    host = build_host_plan(bounds)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    flat = device_flat_tables(cu, bounds[-1], host.num_qblocks)
+    expected = torch.tensor(host.flat_tables(), dtype=torch.int32)
+    assert flat.dtype == torch.int32 and flat.shape == expected.shape, bounds
+    assert torch.equal(flat, expected), bounds  # ints: bit for bit
+
+
+@pytest.mark.parametrize("bounds", EDGE_BOUNDS + [[0, 1, 2, 3], [0, 128, 256, 384],
+                                                  [0, 129, 129, 258], [0, 0, 0, 1]], ids=str)
+def test_device_tables_edges(bounds: list[int]) -> None:
+    _device_tables_equal_host(bounds)
+
+
+def test_device_tables_random() -> None:
+    """The device builder (run here on the CPU: the same torch ops) equals the host plan bit
+    for bit: empty and 1-token segments, 127/128/129, equal lengths (schedule ties), many
+    segments."""
+    rng = random.Random(99)
+    for _ in range(400):
+        segments = rng.choice([1, 2, 3, 7, 16, 64, 300, 1000])
+        bounds = [0]
+        for _ in range(segments):
+            r = rng.random()
+            if r < 0.2:
+                n = 0
+            elif r < 0.5:
+                n = rng.choice([1, 2, 63, 64, 65, 127, 128, 129, 256, 257])
+            else:
+                n = rng.randint(1, 3000 if segments < 64 else 300)
+            bounds.append(bounds[-1] + n)
+        _device_tables_equal_host(bounds)
+
+
+class _OpLog(TorchDispatchMode):
+    """Names of the ops run, and the devices of every tensor they take or return."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.devices: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.names.append(func.name())
+        flat = [*args, *(kwargs or {}).values(), *(out if isinstance(out, tuple) else (out,))]
+        self.devices |= {t.device.type for t in flat if isinstance(t, torch.Tensor)}
+        return out
+
+
+def test_device_tables_read_nothing_on_the_host() -> None:
+    """Capturable: no op reads device memory on the host (``item``, ``nonzero``, ``tolist``: a
+    sync, and illegal in a capture) and no tensor is made from host data (a host-to-device
+    copy from pageable memory: illegal in a capture). Meta tensors have no data, so the
+    builder running on them proves the first; that no op sees a tensor of another device
+    proves the second."""
+    cu = torch.empty(6, dtype=torch.int32, device="meta")
+    with _OpLog() as log:
+        flat = device_flat_tables(cu, 1000, 11)
+    assert flat.device.type == "meta" and flat.shape == (3 * 6 + 4 * 11,)
+    assert log.devices == {"meta"}, log.devices
+    forbidden = {"aten::_local_scalar_dense", "aten::nonzero", "aten::lift_fresh",
+                 "aten::unique", "aten::masked_select", "aten::_pin_memory"}
+    assert not forbidden & set(log.names), sorted(forbidden & set(log.names))
+    # torch.tensor(data, device=...) copies host data without a dispatched op: check the source
+    import inspect
+
+    source = inspect.getsource(device_flat_tables)
+    for call in ("torch.tensor(", "as_tensor(", "from_numpy(", ".tolist(", ".item(", "pin_memory"):
+        assert call not in source, call
+
+
+def test_device_tables_stay_in_range_for_other_contents() -> None:
+    """cu_seqlens contents that do not match the host bounds (e.g. changed before a graph
+    replay) give wrong tables, but every row range stays inside [0, tokens], every index inside
+    its table, and the V columns / query blocks inside the layout's caps."""
+    rng = random.Random(5)
+    for _ in range(300):
+        segments = rng.randint(1, 9)
+        tokens = rng.randint(1, 2000)
+        host_bounds = sorted([0, tokens] + [rng.randint(0, tokens) for _ in range(segments - 1)])
+        nqb = build_host_plan(host_bounds).num_qblocks
+        other = [rng.randint(-300, tokens + 300) for _ in range(segments + 1)]
+        flat = device_flat_tables(torch.tensor(other, dtype=torch.int32), tokens, nqb)
+        n = segments + 1
+        seg_bounds, vkey, qstart = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n]
+        blocks = flat[3 * n :].view(nqb, 4)
+        assert int(seg_bounds.min()) >= 0 and int(seg_bounds.max()) <= tokens
+        assert bool((seg_bounds[1:] >= seg_bounds[:-1]).all())
+        assert int(vkey[-1]) <= vkeys_cap(tokens, segments)
+        assert int(qstart[-1]) <= q_blocks_cap(tokens, segments)
+        seg, r0, r1, canon = blocks.unbind(1)
+        assert bool(((seg >= 0) & (seg < segments)).all())
+        assert bool(((r0 >= 0) & (r0 <= r1) & (r1 <= tokens)).all())
+        assert sorted(canon.tolist()) == list(range(nqb))
+        # rows stay inside their own segment, so V columns stay inside the segment's columns
+        assert bool((r0 >= seg_bounds[seg]).all() and (r1 <= seg_bounds[seg + 1]).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +407,29 @@ def test_captured_views_are_fresh_and_exact() -> None:
     assert [tuple(v.shape) for v in v1] == [r.shape for r in layout.regions]
 
 
+def test_cache_buffers_are_allocated_on_the_helper_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long-lived CUDA buffers are allocated on another thread (torch routes a cudagraph-tree
+    warm-up's allocations per thread); CPU ones directly. No GPU: the CUDA branch is observed
+    through the function it hands to the helper thread."""
+    main = threading.get_ident()
+    helper = wsmod.on_allocator_thread(threading.get_ident)
+    assert helper != main and wsmod.on_allocator_thread(threading.get_ident) == helper
+    # from the helper thread itself it runs inline (no deadlock)
+    assert wsmod.on_allocator_thread(wsmod.on_allocator_thread, threading.get_ident) == helper
+    seen: list[tuple[Any, ...]] = []
+
+    def fake_on_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((fn, args, kwargs))
+        return torch.empty(args[0], dtype=kwargs["dtype"])
+
+    monkeypatch.setattr(wsmod, "on_allocator_thread", fake_on_thread)
+    cpu = wsmod.cache_empty(10, torch.int32, CPU)
+    assert cpu.shape == (10,) and seen == []
+    wsmod.cache_empty(7, torch.uint8, torch.device("cuda", 1))
+    assert seen == [(torch.empty, (7,), {"dtype": torch.uint8,
+                                         "device": torch.device("cuda", 1)})]
+
+
 def test_layout_for_is_cached_and_checks_op() -> None:
     assert wsmod.layout_for("fp8", 10, 1, 1) is wsmod.layout_for("fp8", 10, 1, 1)
     with pytest.raises(ValueError, match="op"):
@@ -398,6 +523,23 @@ def test_pipeline_matches_reference(fake_kernels: FakeNvfp4Module,
     res3 = ops.varlen_attention_fp8(q2, k2, v2, cu, cu_seqlens_host=bounds)
     assert torch.equal(res3, ref.varlen_attention_fp8_reference(q2, k2, v2, bounds))
     assert len(PLANS) == 1
+
+
+def test_captured_call_builds_tables_and_caches_nothing(fake_kernels: FakeNvfp4Module,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call made while the stream captures: device-built tables (checked against the host
+    plan by the fake kernels) and a temporary workspace; no plan, no eager workspace."""
+    monkeypatch.setattr(ops, "_stream_state", lambda device: (0, True))
+    bounds = [0, 1, 129, 129, 600]
+    q, k, v = _inputs(600, 2, seed=12)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    out = torch.full_like(q, math.nan)
+    ops.varlen_attention_nvfp4(q, k, v, cu, out, cu_seqlens_host=bounds, softmax_scale=0.09)
+    assert torch.equal(out, ref.varlen_attention_nvfp4_reference(q, k, v, bounds, 0.09))
+    assert fake_kernels.calls == ["quantize", "attention"]
+    assert len(PLANS) == 0 and wsmod.workspaces() == {}
+    with pytest.raises(ValueError, match="^cu_seqlens_host is required"):
+        ops.varlen_attention_nvfp4(q, k, v, cu, out)
 
 
 def test_zero_tokens_launches_nothing(fake_kernels: FakeNvfp4Module) -> None:
