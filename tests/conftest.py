@@ -148,3 +148,15 @@ def fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return FakeNvcc(path, log)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """One torch CPU thread for a module: the reference runs many small elementwise ops, and on a
+    busy 2-core machine torch's thread barriers then cost more than the work (5x measured)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

@@ -19,14 +19,7 @@ from flashinfer_h3.plan import build_host_plan
 D = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The reference runs many small elementwise ops; on a busy 2-core machine torch's thread
-    barriers then cost more than the work (5x measured), and one thread is as fast when idle."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def bounds_of(lengths: list[int]) -> list[int]:

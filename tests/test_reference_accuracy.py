@@ -16,14 +16,7 @@ from flashinfer_h3 import reference as R
 D = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The reference runs many small elementwise ops; on a busy 2-core machine torch's thread
-    barriers then cost more than the work (5x measured), and one thread is as fast when idle."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 NVFP4 = {"rel_l2": 0.21, "cosine": 0.975, "atol": 1.0, "rtol": 0.1}
 FP8 = {"rel_l2": 0.06, "cosine": 0.998, "atol": 0.1, "rtol": 0.1}
 MIXES = {
