@@ -35,6 +35,7 @@ fi
 if [[ $what == all || $what == bench ]]; then
     {
         timeout 90 python3 benchmarks/bench_quantize.py --json "$OUT/bench_quantize.json"
+        timeout 60 python3 benchmarks/bench_host_overhead.py
         for preset in h3-10s h3-15s-sp4 h3-mix; do
             timeout 120 python3 -m flashinfer_h3 bench --op nvfp4 --preset "$preset" --iters 3 \
                 --json "$OUT/bench_$preset.json"
