@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -636,43 +634,6 @@ def test_torch_compile_fullgraph_cpu(fake_kernels: FakeNvfp4Module) -> None:
 # ---------------------------------------------------------------------------------------------
 # Host overhead
 # ---------------------------------------------------------------------------------------------
-
-
-class _NoopModule:
-    def quantize_nvfp4(self, *args: Any) -> None:
-        pass
-
-    def attention_nvfp4(self, *args: Any) -> None:
-        pass
-
-
-def test_host_overhead_cached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Python time of a cached-plan call with cu_seqlens_host (module calls mocked, CPU).
-
-    SPEC 6 asks for <= 20 us per call on the GPU host; measured here about 6-8 us on a shared
-    2-core CPU. The assertion is loose (CI noise); the printed number is the measurement.
-    """
-    backend = ops._Backend("noop", ops._nvfp4_kernel_runner(_NoopModule()),
-                           uses_workspace=True, capturable=True)
-    monkeypatch.setattr(ops, "check_cuda", lambda q: None)
-    monkeypatch.setattr(ops, "_backend", lambda op, device: backend)
-    bounds = [0, 1000, 1000, 4096]
-    q, k, v = (torch.empty(4096, 14, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor(bounds, dtype=torch.int32)
-    out = torch.empty_like(q)
-    fn = ops.minimax_h3_sm120_varlen_attention_nvfp4
-    for _ in range(50):
-        fn(q, k, v, cu, out, cu_seqlens_host=bounds)
-    n, runs = 2000, []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn(q, k, v, cu, out, cu_seqlens_host=bounds)
-        runs.append((time.perf_counter() - t0) / n * 1e6)
-    best = min(runs)
-    print(f"host overhead per cached-plan call: best {best:.1f} us, median "
-          f"{statistics.median(runs):.1f} us")
-    assert best < 40.0
 
 
 @pytest.mark.nvcc
