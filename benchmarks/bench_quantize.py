@@ -7,6 +7,10 @@ quantized); that extra traffic is part of what this measures. The reference is a
 device-to-device copy (``dst.copy_(src)``, 1 GiB) timed in the same process: its bandwidth is
 ``2 * nbytes / time``. Target: the pre-pass at >= 60 % of the copy's bandwidth.
 
+The "DRAM GB/s" column divides the traffic the pre-pass really moves (the second reads
+included, ``dram_bytes_estimate``) by the time: how close the three launches together come to
+the copy, whatever the accounting.
+
     python benchmarks/bench_quantize.py                     # 61,440 tokens x 56 heads, 1 segment
     python benchmarks/bench_quantize.py --bounds 0 4096 61440 --heads 14 --json out.json
     python benchmarks/bench_quantize.py --standalone --profile  # per-kernel times (torch.profiler)
@@ -150,6 +154,7 @@ def bench_op(
         + out_bytes
         + q.numel() * q.element_size() * (1 if op == "nvfp4" else 2),
     }
+    result["dram_gbps"] = result["dram_bytes_estimate"] / ms / 1e6
     if args.profile:
         try:
             result["kernels_us"] = kernel_times(call, args.iters)
@@ -199,7 +204,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{results['device']}: {T} tokens x {H} heads, {len(bounds) - 1} segment(s); "
         f"D2D copy {copy_gbps:.0f} GB/s"
     )
-    print(f"{'op':6} {'ms':>8} {'in MB':>9} {'out MB':>9} {'GB/s':>8} {'of copy':>8}")
+    print(
+        f"{'op':6} {'ms':>8} {'in MB':>9} {'out MB':>9} {'GB/s':>8} {'of copy':>8} "
+        f"{'DRAM GB/s':>10}"
+    )
     for op in args.ops:
         mod = load_module(op, args.standalone, args.include)
         r = bench_op(op, mod, q, k, v, bounds, args)
@@ -208,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["ops"].append(r)
         print(
             f"{op:6} {r['ms']:8.3f} {r['input_bytes'] / 1e6:9.1f} {r['output_bytes'] / 1e6:9.1f} "
-            f"{r['gbps']:8.0f} {100 * r['fraction_of_copy']:7.1f}%"
+            f"{r['gbps']:8.0f} {100 * r['fraction_of_copy']:7.1f}% {r['dram_gbps']:10.0f}"
         )
         for name, us in r.get("kernels_us", {}).items():
             print(f"    {us:9.1f} us  {name}")

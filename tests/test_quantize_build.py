@@ -1,10 +1,20 @@
 """CPU tests of the quantization pre-pass template (templates/quantize.cu.jinja + quantize.cuh).
 
 The template renders for both ops, compiles with nvcc for sm_90a and sm_120a with the JIT's own
-flags, every kernel fits its budget (no stack frame, no spills, the tile kernel within the 80
-registers of 3 CTAs an SM), sm_120a encodes E2M1 with the hardware cvt while sm_90a has none,
+flags, every kernel fits its budget (no stack frame, no spills, the tile kernel within the 128
+registers of 2 CTAs an SM), sm_120a encodes E2M1 with the hardware cvt while sm_90a has none,
 and the .so loads through tvm-ffi without a GPU, exports only the rendered op and rejects CPU
 tensors.
+
+Without a GPU the kernels themselves run too: quantize.cuh compiles as host C++ (nvcc -x c++)
+under a small emulation of the CUDA builtins (EMULATOR_SOURCE: one std::thread per CUDA thread,
+CTAs one at a time, cp.async copies applied at the wait or eagerly at the issue), and
+
+- the shortcuts of the NVFP4 group quantizer are checked for every float: the FP32-pipe E2M1
+  encoder against formats.cuh's, and the FMA division by 6 against a correctly rounded one;
+- the group quantizer matches formats.py on random and adversarial groups;
+- the three launches, emulated, produce outputs that pass the GPU test's own checks
+  (test_quantize_gpu.check_call: bit-exact codes and scales, means, untouched unused bytes).
 
 ``render_quantize`` / ``build_quantize_so`` are also used by the GPU test and the benchmark to
 build the pre-pass alone (the nvfp4 module of the JIT also needs the attention template).
@@ -12,10 +22,12 @@ build the pre-pass alone (the nvfp4 module of the JIT also needs the attention t
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +36,7 @@ QUANTIZE_TEMPLATE = "quantize.cu.jinja"
 OPS = ("nvfp4", "fp8")
 ARCHS = ("sm_90a", "sm_120a")
 KERNELS = ("block_stats_kernel", "segment_reduce_kernel", "quantize_kernel")
-TILE_KERNEL_MAX_REGISTERS = 80  # 3 CTAs of 256 threads an SM (__launch_bounds__(256, 3))
+TILE_KERNEL_MAX_REGISTERS = 128  # 2 CTAs of 256 threads an SM (__launch_bounds__(256, 2))
 
 
 def render_quantize(op: str, arch: str) -> str:
@@ -175,3 +187,457 @@ def test_loads_and_checks_arguments_without_gpu(builds, op: str) -> None:
         fn(x, x, x, table, table, table, blocks, *regions)
     with pytest.raises(TypeError):
         fn(x, x, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels on the CPU
+# ---------------------------------------------------------------------------------------------
+
+# Host build of quantize.cuh: CUDA builtins as host code (the intrinsics are IEEE single
+# operations, so exact; the build disables FP contraction), kernels as plain functions run by
+# one std::thread per CUDA thread. __shared__ variables become statics and the dynamic shared
+# memory a per-CTA buffer of stale bytes (CTAs run one at a time); __syncthreads and the warp
+# shuffles are barriers (a deadlock, e.g. divergent barriers, aborts after 60 s). cp.async copies
+# apply at the wait (mode 0: a stage read before its wait sees stale bytes) or at the issue
+# (mode 1: a stage refilled while another thread still reads it is caught by the racing threads).
+EMULATOR_SOURCE = r"""
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct EmuDim3 { unsigned x, y, z; };
+thread_local EmuDim3 emu_thread_idx{0, 0, 0};
+thread_local EmuDim3 emu_block_idx{0, 0, 0};
+EmuDim3 emu_grid_dim{1, 1, 1};
+EmuDim3 emu_block_dim{1, 1, 1};
+#define threadIdx emu_thread_idx
+#define blockIdx emu_block_idx
+#define gridDim emu_grid_dim
+#define blockDim emu_block_dim
+#undef __shared__
+#define __shared__ static
+#define __launch_bounds__(...)
+
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+// NaN and -0 -> +0, as .SAT does.
+static inline float __saturatef(float x) { return x > 0.0f ? (x < 1.0f ? x : 1.0f) : 0.0f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return static_cast<unsigned>((static_cast<uint64_t>(a) * b) >> 32);
+}
+static inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned shift) {
+  return static_cast<unsigned>((((static_cast<uint64_t>(hi) << 32) | lo) << (shift & 31)) >> 32);
+}
+template <class T> static inline T __ldg(const T* p) { return *p; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+
+class Barrier {
+ public:
+  void reset(int n) { n_ = n; count_ = 0; }
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const uint64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return gen_ != gen; })) {
+      fprintf(stderr, "emulated kernel deadlocked at a barrier\n");
+      std::_Exit(3);
+    }
+  }
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_ = 1, count_ = 0;
+  uint64_t gen_ = 0;
+};
+
+static Barrier g_cta_barrier;
+struct WarpExchange { uint64_t slot[32]; Barrier bar; };
+static std::vector<WarpExchange*> g_warps;
+
+static inline void __syncthreads() { g_cta_barrier.wait(); }
+
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  if (mask != 0xFFFFFFFFu) abort();
+  WarpExchange& w = *g_warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  w.slot[lane] = bits;
+  w.bar.wait();
+  const uint64_t got = w.slot[lane ^ lane_mask];
+  w.bar.wait();
+  T out;
+  memcpy(&out, &got, sizeof(T));
+  return out;
+}
+
+#include "quantize.cuh"
+
+namespace flashinfer_h3 {
+namespace quantize {
+
+static int g_copy_mode = 0;
+struct Copy { void* dst; const void* src; uint32_t bytes; };
+thread_local std::vector<std::vector<Copy>> t_groups;  // committed, oldest first
+thread_local std::vector<Copy> t_open;
+static std::vector<unsigned char> g_smem;
+
+static void apply(const Copy& c) {
+  unsigned char buf[16] = {0};
+  memcpy(buf, c.src, c.bytes);
+  memcpy(c.dst, buf, 16);
+}
+void emulated_cp_async_16(void* dst, const void* src, uint32_t bytes) {
+  if (bytes != 0 && bytes != 16) abort();
+  if (g_copy_mode == 1) apply({dst, src, bytes}); else t_open.push_back({dst, src, bytes});
+}
+void emulated_cp_async_commit() { t_groups.push_back(t_open); t_open.clear(); }
+void emulated_cp_async_wait(int pending) {
+  while (static_cast<int>(t_groups.size()) > pending) {
+    for (const Copy& c : t_groups.front()) apply(c);
+    t_groups.erase(t_groups.begin());
+  }
+}
+void* emulated_dynamic_smem() { return g_smem.data(); }
+
+// cvt.rn.satfinite.e4m3: RN-even, subnormal steps of 2^-9 below 2^-6, |x| > 448 -> 448,
+// NaN -> 0x7F.
+uint32_t emulated_e4m3(float x) {
+  const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
+  if (isnan(x)) return 0x7Fu;
+  float a = fabsf(x);
+  if (a > 448.0f) a = 448.0f;
+  if (a < 0x1p-6f) return sign | static_cast<uint32_t>(nearbyintf(a * 512.0f));
+  uint32_t b = __float_as_uint(a);
+  b = (b + 0x7FFFFu + ((b >> 20) & 1u)) & ~0xFFFFFu;
+  return sign | ((b >> 23) - 120u) << 3 | ((b >> 20) & 7u);
+}
+
+}  // namespace quantize
+}  // namespace flashinfer_h3
+
+namespace qz = flashinfer_h3::quantize;
+
+template <class F>
+static void run_grid(int grid, int block, size_t smem_bytes, F&& body) {
+  emu_grid_dim = {static_cast<unsigned>(grid), 1, 1};
+  emu_block_dim = {static_cast<unsigned>(block), 1, 1};
+  g_cta_barrier.reset(block);
+  for (auto* w : g_warps) delete w;
+  g_warps.clear();
+  for (int i = 0; i < (block + 31) / 32; ++i) {
+    g_warps.push_back(new WarpExchange());
+    g_warps.back()->bar.reset(32);
+  }
+  for (int b = 0; b < grid; ++b) {
+    qz::g_smem.assign(smem_bytes, 0xA5);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < block; ++t) {
+      threads.emplace_back([&, t, b] {
+        emu_thread_idx = {static_cast<unsigned>(t), 0, 0};
+        emu_block_idx = {static_cast<unsigned>(b), 0, 0};
+        qz::t_groups.clear();
+        qz::t_open.clear();
+        body();
+        qz::emulated_cp_async_wait(0);
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+}
+
+// The three launches of launch_quantize (whose <<<>>> syntax a host compiler cannot read).
+extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                int64_t tokens, int heads, const int* seg_bounds,
+                                const int* vkey_start, const int* qblock_start, const int* qblocks,
+                                int segments, int nqb, void** r, int64_t v_code_row,
+                                int64_t k_scale_row, int grid_cap, int copy_mode, int stages) {
+  qz::g_copy_mode = copy_mode;
+  const qz::Inputs in{q, k, v, tokens, heads};
+  const qz::Tables tb{seg_bounds, vkey_start, qblock_start, qblocks, segments, nqb};
+  const int tiles = nqb * heads;
+  const qz::ReduceShape shape = qz::reduce_shape(nqb, segments);
+  auto run = [&](auto out, auto kernel2, auto kernel3) {
+    if (tiles > 0) run_grid(tiles, qz::kThreads, 0, [&] { qz::block_stats_kernel(in, tb, out); });
+    if (segments * heads > 0)
+      run_grid(segments * heads * shape.split, qz::kHeadDim / shape.split * shape.slices, 0,
+               [&] { qz::segment_reduce_kernel(in, tb, out, shape.split); });
+    if (tiles > 0) {
+      qz::ItemMap map;
+      map.items = 3 * tiles;
+      map.num_qblocks = nqb;
+      map.by_heads = qz::FastDiv::make(static_cast<uint32_t>(heads));
+      const int grid = map.items < grid_cap ? map.items : grid_cap;
+      if (stages == 2)
+        run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<2>(), [&] { kernel2(in, tb, out, map); });
+      else
+        run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<3>(), [&] { kernel3(in, tb, out, map); });
+    }
+  };
+  if (op == 0) {
+    const qz::Outputs<qz::Op::kNvfp4> out{
+        static_cast<float*>(r[0]),   static_cast<float*>(r[1]),   static_cast<uint8_t*>(r[2]),
+        static_cast<uint8_t*>(r[3]), static_cast<uint8_t*>(r[4]), static_cast<uint8_t*>(r[5]),
+        static_cast<uint8_t*>(r[6]), static_cast<uint8_t*>(r[7]), v_code_row};
+    run(out, qz::quantize_kernel<qz::Op::kNvfp4, 2>, qz::quantize_kernel<qz::Op::kNvfp4, 3>);
+  } else {
+    const qz::Outputs<qz::Op::kFp8> out{
+        static_cast<float*>(r[0]),   static_cast<uint8_t*>(r[1]), static_cast<float*>(r[2]),
+        static_cast<uint8_t*>(r[3]), static_cast<float*>(r[4]),   static_cast<uint8_t*>(r[5]),
+        static_cast<float*>(r[6]),   v_code_row,                  k_scale_row};
+    run(out, qz::quantize_kernel<qz::Op::kFp8, 2>, qz::quantize_kernel<qz::Op::kFp8, 3>);
+  }
+  return 0;
+}
+
+// Every y' in [begin, end) (bit patterns, both signs): e2m1_top_nibble's code against
+// formats.cuh's encoder of y' 2^110 (exact for normal y'); a subnormal y' (|x r| < 2^-16) must
+// give index 0 with its sign. Returns -(first failing pattern) - 1, or 0.
+extern "C" int64_t check_e2m1_top_nibble(uint32_t begin, uint32_t end) {
+  for (uint64_t u = begin; u < end; ++u) {
+    for (uint32_t sign = 0; sign < 2; ++sign) {
+      const float yp = __uint_as_float(static_cast<uint32_t>(u) | sign << 31);
+      const uint32_t want =
+          u < 0x00800000u ? sign << 3 : flashinfer_h3::e2m1_from_float_soft(yp * 0x1p110f);
+      if (qz::e2m1_top_nibble(yp) >> 28 != want) return -static_cast<int64_t>(u) - 1;
+    }
+  }
+  return 0;
+}
+
+// Every finite a >= 0 in [begin, end): div6_rn against the correctly rounded a / 6. Returns
+// -(first pattern that fails) - 1, else the number of quotients that differ: allowed only where
+// a / 6 is subnormal, and only if its E4M3 code (0) is the same.
+extern "C" int64_t check_div6(uint32_t begin, uint32_t end) {
+  int64_t differ = 0;
+  for (uint64_t u = begin; u < end; ++u) {
+    const float a = __uint_as_float(static_cast<uint32_t>(u));
+    if (!(a <= 3.40282347e38f)) continue;
+    const float want = a / 6.0f, got = qz::div6_rn(a);
+    if (__float_as_uint(want) != __float_as_uint(got)) {
+      if (qz::emulated_e4m3(want) != qz::emulated_e4m3(got) || want >= 0x1p-126f)
+        return -static_cast<int64_t>(u) - 1;
+      ++differ;
+    }
+  }
+  return differ;
+}
+
+// nvfp4_group over `groups` groups of 16: codes (8 bytes) and scale bytes out; returns how many
+// groups differ from formats.cuh's steps (nvfp4_scale_from_amax, nvfp4_scaled, the soft encoder).
+extern "C" int64_t quantize_groups(const float* x, int64_t groups, uint8_t* codes,
+                                   uint8_t* scales) {
+  float table[128];
+  for (uint32_t b = 0; b < 128; ++b) table[b] = qz::nvfp4_recip_scaled(b);
+  int64_t differ = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    float xs[16];
+    memcpy(xs, x + 16 * g, sizeof(xs));
+    const qz::Nvfp4Group got = qz::nvfp4_group(xs, table);
+    float amax = 0.0f;
+    for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(xs[e]));
+    const uint32_t code = qz::emulated_e4m3(amax / 6.0f);
+    const float value = flashinfer_h3::e4m3_to_float(static_cast<uint8_t>(code));
+    const float recip = value == 0.0f ? 0.0f : 1.0f / value;
+    float lo[8], hi[8];
+    for (int e = 0; e < 8; ++e) {
+      lo[e] = recip == 0.0f ? 0.0f : xs[e] * recip;
+      hi[e] = recip == 0.0f ? 0.0f : xs[8 + e] * recip;
+    }
+    differ += got.scale != code || got.codes.x != flashinfer_h3::e2m1x8_from_float(lo) ||
+              got.codes.y != flashinfer_h3::e2m1x8_from_float(hi);
+    memcpy(codes + 8 * g, &got.codes, 8);
+    scales[g] = static_cast<uint8_t>(got.scale);
+  }
+  return differ;
+}
+
+extern "C" void e4m3_bytes(const float* x, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(qz::emulated_e4m3(x[i]));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    from flashinfer_h3.jit import find_nvcc
+    from flashinfer_h3.jit.env import include_dir
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("needs nvcc (none on PATH or CUDA_HOME)")
+    out = tmp_path_factory.mktemp("quantize_emulator")
+    src, lib = out / "emulate_quantize.cpp", out / "libemulate_quantize.so"
+    src.write_text(EMULATOR_SOURCE)
+    # -x c++: a host C++ build with the CUDA headers (no __CUDACC__, so no kernel launches);
+    # -ffp-contract=off keeps every a * b + c two roundings, as the __f*_rn intrinsics are.
+    cmd = [str(nvcc), "-x", "c++", "-std=c++17", "-O2", "-shared", "-Xcompiler",
+           "-fPIC,-pthread,-ffp-contract=off", f"-I{include_dir()}", str(src), "-o", str(lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    emu = ctypes.CDLL(str(lib))
+    emu.check_e2m1_top_nibble.restype = ctypes.c_int64
+    emu.check_e2m1_top_nibble.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    emu.check_div6.restype = ctypes.c_int64
+    emu.check_div6.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    emu.quantize_groups.restype = ctypes.c_int64
+    emu.quantize_groups.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2
+    emu.e4m3_bytes.restype = None
+    emu.e4m3_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    emu.emulate_quantize.restype = ctypes.c_int
+    emu.emulate_quantize.argtypes = (
+        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+        + [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    )
+    return emu
+
+
+def _in_halves(fn, begin: int, end: int) -> list[int]:
+    """fn over [begin, end) split in two threads (ctypes releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mid = (begin + end) // 2
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda r: fn(*r), [(begin, mid), (mid, end)]))
+
+
+@pytest.mark.nvcc
+def test_emulated_e4m3_matches_formats(emulator) -> None:
+    torch = pytest.importorskip("torch")
+    from flashinfer_h3 import formats as F
+
+    bits = torch.cat([torch.arange(0, 0x44800000, 61, dtype=torch.int64),  # |x| <= 1024, dense
+                      torch.arange(0x44800000, 0x7F800001, 997, dtype=torch.int64)])
+    x = torch.cat([bits, bits | (1 << 31)]).to(torch.int32).view(torch.float32)
+    got = torch.empty(x.numel(), dtype=torch.uint8)
+    emulator.e4m3_bytes(x.data_ptr(), x.numel(), got.data_ptr())
+    assert torch.equal(got, F.rn_e4m3(x))
+
+
+@pytest.mark.nvcc
+def test_e2m1_encoder_every_float(emulator) -> None:
+    # Every y' with |y'| < 2^-95 (|x r| < 2^15, the range the fast path is used for).
+    assert _in_halves(emulator.check_e2m1_top_nibble, 0, 0x10000000) == [0, 0]
+
+
+@pytest.mark.nvcc
+def test_div6_every_float(emulator) -> None:
+    assert all(r >= 0 for r in _in_halves(emulator.check_div6, 0, 0x7F800000))
+
+
+@pytest.mark.nvcc
+def test_group_quantizer_matches_formats(emulator) -> None:
+    torch = pytest.importorskip("torch")
+    from flashinfer_h3 import formats as F
+
+    g = torch.Generator().manual_seed(0)
+    n = 100_000
+    e4m3_values = F.e4m3_to_float(torch.arange(1, 127, dtype=torch.uint8))
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0,  # E2M1 midpoints (times s)
+                         0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    scale = e4m3_values[torch.randint(0, 126, (n, 1), generator=g)]
+    tie_groups = scale * ties[torch.randint(0, 15, (n, 16), generator=g)]
+    # amax / 6 exactly on the scale, or near it (the scale then rounds up or down)
+    near = torch.tensor([1.0, 1.03, 0.97, 1.0625])[torch.randint(0, 4, (n,), generator=g)]
+    tie_groups[:, 0] = scale[:, 0] * 6 * near
+    tie_groups *= torch.where(torch.rand(n, 16, generator=g) < 0.5, -1.0, 1.0)
+    specials = torch.randn(n, 16, generator=g)
+    specials[torch.rand(n, 16, generator=g) < 0.1] = 0.0
+    specials[torch.rand(n, 16, generator=g) < 0.05] = -0.0
+    specials[torch.rand(n, generator=g) < 0.1] = -0.0
+    specials[torch.rand(n, 16, generator=g) < 0.01] = 3e38
+    kinds = {
+        "gaussian": torch.randn(n, 16, generator=g),
+        "decades": torch.randn(n, 16, generator=g) * torch.exp(torch.randn(n, 1, generator=g) * 8),
+        "wide": torch.randn(n, 16, generator=g)
+        * torch.exp(torch.empty(n, 1).uniform_(-80, 80, generator=g)),
+        "ties": tie_groups,
+        "specials": specials,
+    }
+    for kind, x in kinds.items():
+        x = x.float().contiguous()
+        codes = torch.empty(n, 8, dtype=torch.uint8)
+        scales = torch.empty(n, dtype=torch.uint8)
+        differ = emulator.quantize_groups(x.data_ptr(), n, codes.data_ptr(), scales.data_ptr())
+        assert differ == 0, f"{kind}: {differ} groups differ from formats.cuh's steps"
+        want_codes, want_scales = F.nvfp4_quantize(x)
+        assert torch.equal(scales, want_scales.view(-1)), f"{kind}: scales differ from formats.py"
+        assert torch.equal(codes, want_codes), f"{kind}: codes differ from formats.py"
+
+
+# Lengths 0, 1, 15, 16, 1, 0, 63, 64, 65, 127, 128, 129, 0, 0, 255, 256, 257, 2, 300.
+_EDGE_BOUNDS = [0, 0, 1, 16, 32, 33, 33, 96, 160, 225, 352, 480, 609, 609, 609, 864, 1120, 1377,
+                1379, 1679]
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "op,bounds,heads,kind,grid,copy_mode,stages",
+    [
+        ("nvfp4", _EDGE_BOUNDS, 3, "biased", 7, 0, 3),
+        ("fp8", _EDGE_BOUNDS, 3, "biased", 7, 0, 3),
+        ("nvfp4", _EDGE_BOUNDS, 3, "heavy", 5, 1, 3),  # copies land at the issue
+        ("fp8", _EDGE_BOUNDS, 3, "heavy", 5, 1, 3),
+        ("nvfp4", _EDGE_BOUNDS, 2, "gaussian", 4, 0, 2),  # the SM120 ring
+        ("fp8", _EDGE_BOUNDS, 2, "gaussian", 4, 0, 2),
+        ("nvfp4", [0, 640], 13, "gaussian", 1, 0, 3),  # one CTA walks every item
+        ("fp8", [0, 640], 13, "gaussian", 1, 0, 3),
+        ("nvfp4", [0, 130, 135, 135, 300], 64, "heavy", 50, 0, 3),
+        ("nvfp4", [0, 16384], 1, "biased", 264, 0, 3),  # launch 2 split over 4 CTAs
+        ("fp8", [0, 16384], 1, "biased", 264, 0, 3),
+    ],
+)
+def test_emulated_launches_match_reference(
+    emulator, op: str, bounds: list[int], heads: int, kind: str, grid: int, copy_mode: int,
+    stages: int,
+) -> None:
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_quantize_gpu import POISON, TAIL_BYTES, check_call, make_qkv
+
+    from flashinfer_h3.layout import fp8_layout, nvfp4_layout
+    from flashinfer_h3.plan import build_host_plan
+
+    q, k, v = make_qkv(bounds[-1], heads, kind, seed=len(bounds) + heads, device="cpu")
+    T, H, S = bounds[-1], heads, len(bounds) - 1
+    layout = (nvfp4_layout if op == "nvfp4" else fp8_layout)(T, H, S)
+    host = build_host_plan(bounds)
+    flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
+    n = S + 1
+    tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
+    ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
+    views = layout.views(ws)
+    pointers = [views[r.name].data_ptr() for r in layout.regions]
+    regions = (ctypes.c_void_p * len(pointers))(*pointers)
+    v_code_row = views["v_codes"].shape[2]
+    k_scale_row = views["k_scales"].shape[1] if op == "fp8" else 0
+    rc = emulator.emulate_quantize(
+        0 if op == "nvfp4" else 1, q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H,
+        *[t.data_ptr() for t in tables], S, host.num_qblocks, regions, v_code_row, k_scale_row,
+        grid, copy_mode, stages,
+    )
+    assert rc == 0
+    check_call(op, views, ws, layout, host, q, k, v)

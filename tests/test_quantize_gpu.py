@@ -83,11 +83,13 @@ def modules() -> dict[str, Any]:
     return _Modules()
 
 
-def make_qkv(tokens: int, heads: int, kind: str, seed: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def make_qkv(
+    tokens: int, heads: int, kind: str, seed: int, device: str = "cuda"
+) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g, device="cuda")
+        return torch.randn(*shape, generator=g, device=device)
 
     shape = (tokens, heads, 128)
     if kind == "gaussian":
@@ -271,8 +273,16 @@ def test_10k_segments(modules, op: str) -> None:
 
 @pytest.mark.parametrize("op", OPS)
 def test_long_segment_means(modules, op: str) -> None:
-    # 240 blocks in one segment: launch 2 splits them over 8 thread slices.
+    # 240 blocks in one segment: launch 2 adds them in 32 thread slices, a head's channels split
+    # over 4 CTAs.
     run_and_check(modules, op, [0, 30_720], heads=4, kind="biased", seed=11)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_model_heads(modules, op: str) -> None:
+    # The model's 56 heads over two segments with partial last blocks: ~40 tiles per CTA of the
+    # persistent launch 3, so every CTA goes round its ring of shared-memory stages many times.
+    run_and_check(modules, op, [0, 5000, 8100], heads=56, kind="biased", seed=56)
 
 
 @pytest.mark.parametrize("bounds", [[0], [0, 0], [0, 0, 0, 0]])

@@ -6,24 +6,26 @@
 //
 //   1. block_stats_kernel     grid NQB x H   per (128-row block, head): the block's column sums of
 //                                            k (and, for FP8, the column amax of v) -> scratch
-//   2. segment_reduce_kernel  grid S x H     per (segment, head): kbar = sum / L (FP64 sum of the
-//                                            block sums, fixed order), FP8 V scales amax / 448
+//   2. segment_reduce_kernel  grid S x H x   per (segment, head, channel part): kbar = sum / L
+//                             parts          (FP64 sum of the block sums, fixed order), FP8 V
+//                                            scales amax / 448
 //   3. quantize_kernel        persistent     per (128-row block, head, tensor) item: one 128 x 128
 //                                            tile of q, k or v -> codes and scales (qbar for
-//                                            NVFP4 Q); the next tile is copied in meanwhile
+//                                            NVFP4 Q); the next tiles are copied in meanwhile
 //
 // A 61k-token segment is thus never summed by one CTA: launch 1 is fully parallel and launch 2
-// adds at most a few hundred FP32 partials per thread. Every sum has a fixed order (no atomics),
-// so the means are deterministic for a given shape.
+// adds the ~500 block partials of a channel in 32 parallel slices. Every sum has a fixed order
+// (no atomics), so the means are deterministic for a given shape.
 //
 // Scratch without extra regions. Launch 1's partials live in bytes that launch 3 overwrites
 // completely, so no workspace region is added and the binding keeps the design.md signatures:
 //   NVFP4: the k column sums of canonical block cb go to qbar[cb, h, :] (the Q tiles of launch 3
 //          then write the real q means there; NQB <= q_blocks_cap rows).
 //   FP8:   (k column sum, v column amax) of block cb, channel c go to the 8 bytes at
-//          v_codes[h, c, 8 cb : 8 cb + 8] (FP32 pair). These lie in the used columns
-//          [0, vkey_start[S]) since vkey_start[S] >= 64 * NQB, and launch 3's V tiles write
-//          every one of those columns.
+//          v_codes[h, c / 8, 64 cb + 8 (c % 8) : + 8] (FP32 pair): a block's 128 channels are
+//          16 runs of 64 bytes, so launch 1 writes and launch 2 reads whole sectors. These lie in
+//          the used columns [0, vkey_start[S]) since vkey_start[S] >= 64 * NQB, and launch 3's V
+//          tiles write every one of those columns.
 // Nothing outside the layout's used bytes is ever written: rows of qbar past NQB, V columns past
 // vkey_start[S] and the gaps between regions stay as they were.
 //
@@ -37,13 +39,20 @@
 //          kbar [S, H, 128], qbar [cap, H, 128] in canonical block order (FP32)
 //   FP8    q_codes/k_codes [H, T, 128] E4M3; q_scales [H, T] and k_scales [H, cap] FP32
 //          v_codes [H, 128, nvk] E4M3, v_scales [S, H, 128] FP32, kbar as above
-// Every store of a tile is coalesced for the attention kernels' row-major reads: a Q/K row is
-// 64 (128) contiguous bytes, consecutive rows adjacent; a V row chunk is 32 (64) bytes per
-// thread, whole 32-byte sectors.
+// Stores are coalesced for the attention kernels' row-major reads: a warp writes whole 64-byte
+// (128-byte) Q/K code rows, consecutive rows adjacent; a V row gets 16 (32) contiguous bytes of
+// codes per thread, the other half of an NVFP4 32-byte sector coming from the next key quarter.
 //
-// Numerics: the element path uses formats.cuh only (nvfp4_scale_from_amax, nvfp4_scaled,
-// e2m1x8_from_float, cvt_e4m3x2_rn_satfinite); the smoothing is __fsub_rn, FP8 uses __fdiv_rn,
-// __frcp_rn and __fmul_rn. Never compile with --use_fast_math.
+// Numerics: the element path is bit-exact to SPEC 3/4 (formats.cuh conversions, explicit
+// __f*_rn steps, never --use_fast_math): the smoothing is __fsub_rn, FP8 uses __fdiv_rn,
+// __frcp_rn and __fmul_rn, and the NVFP4 group quantizer is nvfp4_group below, whose shortcuts
+// tests/test_quantize_build.py checks for every float (and the whole group against formats.py).
+//
+// Host builds. The kernels only use CUDA builtins, the cp.async helpers below and formats.cuh,
+// and everything architecture-specific sits behind __CUDA_ARCH__ / __CUDACC__, so the CPU test
+// (tests/test_quantize_build.py) compiles this header with a host C++ compiler, one std::thread
+// per CUDA thread, and checks the launches against flashinfer_h3.reference on machines without
+// a GPU. The emulated_* functions declared below are what such a build provides.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,21 +72,28 @@ constexpr int kHeadDim = 128;
 constexpr int kBlockRows = 128;       // rows per Q block == keys per FP8 K-scale block (layout.Q_BLOCK)
 constexpr int kGroup = 16;            // NVFP4 group (layout.GROUP)
 constexpr int kVKeyPad = 64;          // padded V columns per segment come in these (layout.V_KEY_PAD)
-constexpr int kThreads = 256;         // every tile kernel
+constexpr int kThreads = 256;         // launches 1 and 3
+constexpr int kWarps = kThreads / kWarpSize;            // 8
 constexpr int kChanGroups = kHeadDim / kGroup;          // 8 groups of 16 channels per row
 constexpr int kRowSlices = kThreads / kChanGroups;      // 32 row slices of a row tile
 constexpr int kRowsPerThread = kBlockRows / kRowSlices; // 4 rows per thread
-constexpr int kReduceMaxSlices = 8;                     // launch 2: at most 8 x 128 threads
-constexpr int kTileBytes = kBlockRows * kHeadDim * 2;   // one bf16 tile in shared memory (32 KB)
+constexpr int kReduceMaxSlices = 32;                    // launch 2: threads adding one channel
+constexpr int kReduceMaxThreads = 1024;                 // launch 2: a CTA's threads
 constexpr float kFp8Max = kE4M3Max;
-// Launch 3 CTAs resident per SM: shared memory (65 KB each) allows 3 on H100/H200; the bound
-// keeps registers from being the tighter limit (<= 85 a thread).
-constexpr int kQuantizeMinBlocks = 3;
 
 static_assert(kThreads % kChanGroups == 0 && kBlockRows % kRowSlices == 0, "row tile split");
-static_assert(kThreads == 2 * kHeadDim, "V tiles: one thread per (channel, half of the keys)");
 static_assert(kBlockRows == 2 * kVKeyPad, "a block covers one or two 64-key V chunks");
 static_assert(kRowSlices == 32, "the slice reductions below are a 5-level tree");
+
+#ifndef __CUDA_ARCH__
+// Supplied by host builds of this header (the CPU emulation test); never defined or called in
+// a CUDA build, whose device code uses the instructions instead.
+void emulated_cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes);
+void emulated_cp_async_commit();
+void emulated_cp_async_wait(int pending);
+void* emulated_dynamic_smem();
+uint32_t emulated_e4m3(float x);  // cvt.rn.satfinite.e4m3 of one float
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Arguments (plain pointers; the binding checks shapes, dtypes and devices)
@@ -235,43 +251,155 @@ __device__ __forceinline__ float combine_row_slices(const float (&part)[kGroup],
 }
 
 // ---------------------------------------------------------------------------------------------
-// Group quantizers (formats.cuh does the rounding)
+// Group quantizers (bit-exact; formats.cuh / formats.py are the references)
 // ---------------------------------------------------------------------------------------------
+
+// cvt.rn.satfinite.e4m3x2.f32 as a 32-bit word: `lo` in bits [7:0], `hi` in bits [15:8].
+__device__ __forceinline__ uint32_t e4m3x2_word(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+  return cvt_e4m3x2_rn_satfinite(lo, hi);
+#else
+  return emulated_e4m3(lo) | emulated_e4m3(hi) << 8;
+#endif
+}
+
+// fl(a / 6) for finite a >= 0 (SPEC 3: s = rn_e4m3(amax / 6), the quotient rounded to FP32
+// first). Three FMA-pipe ops instead of __fdiv_rn's ~10 and its slow-path branch: q0 = a fl(1/6)
+// is within an ulp of a / 6, so the remainder a - 6 q0 is exact in one FMA and one correction
+// step rounds correctly. The CPU test checks every finite float: equal to fl(a / 6) whenever that
+// is normal; a subnormal quotient may be an ulp off, but its E4M3 code is 0 either way.
+__device__ __forceinline__ float div6_rn(float a) {
+  constexpr float kSixth = 1.0f / 6.0f;
+  const float q0 = __fmul_rn(a, kSixth);
+  const float rem = __fmaf_rn(-kE2M1Max, q0, a);
+  return __fmaf_rn(rem, kSixth, q0);
+}
+
+// The NVFP4 element encoder of Hopper (no E2M1 cvt there), written for the FP32 pipe: the
+// integer encoder of formats.cuh costs ~10 ALU-pipe ops an element, and ALU issue is what
+// bounded this kernel.
+//
+// With a = |x r|, the E2M1 index is a sum of three clamped, rounded pieces,
+//     rn(2 min(a, 2)) + rn(clamp(a - 2, 0, 2)) + rn(clamp(a / 2 - 2, 0, 1)),
+// rn = round to an integer, ties to even: the grid step is 0.5 on [0, 2], 1 on [2, 4] and 2 on
+// [4, 6] (and everything past 6 saturates to 7). a lies in one piece's range, the others being
+// at their integer bounds, and the even codes are the even integers of every piece, so RN-even
+// of the piece is RN-even of the code. Each clamp is one FMUL/FFMA with .SAT (exact: a / 2 and
+// a / 2 - 1 or - 2 are exact where they are not clamped), and the pieces are rounded into
+// M = 1.5 * 2^23 (where the FP32 step is 1) by a chain of FFMAs: fl(piece + M + partial) rounds
+// exactly as the piece since M + partial is even wherever the piece is not an integer. The
+// result is M + index.
+//
+// The sign and the packing use the product y' = x (r 2^-110) instead of x r. Scaling by a power
+// of two is exact unless y' is subnormal, i.e. |x r| < 2^-16, where the index is 0 either way and
+// y' still carries x's sign (so -0.0 and tiny negatives give code 8, as cvt and formats.py do).
+// For |x r| < 2^15 the biased exponent of y' is below 32, so bits 30..28 of y' are zero and
+// (M + index) 2^28 + bits(y') has sign << 3 | index in its top nibble (M's low nibble is 0); a
+// funnel shift then appends that nibble to the word. Per element: FMUL, FMUL.SAT, 2 FFMA.SAT,
+// 2 FFMA, FADD on the FP32 pipe, IMAD (or LEA) and SHF. Callers guarantee |x r| < 2^15
+// (kFastProductLimit below).
+constexpr float kLineMagic = 12582912.0f;  // 1.5 * 2^23
+constexpr float kRecipScale = 0x1p-110f;   // r' = r * 2^-110 (normal for every UE4M3 r)
+constexpr float kFastProductLimit = 0x1p-95f;  // |x r'| < 2^-95  <=>  |x r| < 2^15
+
+__device__ __forceinline__ uint32_t e2m1_top_nibble(float yp) {
+  const float a = fabsf(yp);                                    // |x r| 2^-110
+  const float lo = __saturatef(__fmul_rn(a, 0x1p109f));         // min(a/2, 1) of |x r|
+  const float mid = __saturatef(__fmaf_rn(a, 0x1p109f, -1.0f));  // clamp(|x r|/2 - 1, 0, 1)
+  const float hi = __saturatef(__fmaf_rn(a, 0x1p109f, -2.0f));   // clamp(|x r|/2 - 2, 0, 1)
+  float t = __fmaf_rn(lo, 4.0f, kLineMagic);
+  t = __fmaf_rn(mid, 2.0f, t);
+  t = __fadd_rn(hi, t);
+  return __float_as_uint(t) * (1u << 28) + __float_as_uint(yp);
+}
+
+// Eight elements -> one word of codes, element 0 in bits [3:0] (the MMA fragment order).
+__device__ __forceinline__ uint32_t e2m1x8_scaled(const float* x, float r_scaled) {
+  uint32_t word = 0;
+#pragma unroll
+  for (int e = 7; e >= 0; --e) word = __funnelshift_l(e2m1_top_nibble(__fmul_rn(x[e], r_scaled)), word, 4);
+  return word;
+}
 
 struct Nvfp4Group {
   uint2 codes;    // 16 E2M1 codes, element 0 in bits [3:0] of .x
   uint32_t scale; // UE4M3 byte
 };
 
+// r 2^-110 of UE4M3 code b (r = the correctly rounded 1 / value), 0 for the zero code: the
+// per-CTA table the group quantizer reads instead of decoding the scale and dividing.
+__device__ __forceinline__ float nvfp4_recip_scaled(uint32_t b) {
+  const float s = e4m3_to_float(static_cast<uint8_t>(b));
+  return b == 0 || b >= 0x7F ? 0.0f : __fmul_rn(__frcp_rn(s), kRecipScale);
+}
+
 // SPEC 3 "quantize a group": s = rn_e4m3(amax / 6); s == 0 -> all codes 0; else rn_e2m1(x * 1/s).
-__device__ __forceinline__ Nvfp4Group nvfp4_quantize_group(const float (&x)[kGroup]) {
-  float amax = 0.0f;
+// `recip_scaled` is the table of nvfp4_recip_scaled (shared memory).
+__device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], const float* recip_scaled) {
+  // A 4-level tree: the scale, and so every encode of the group, waits on this chain.
+  float m8[8];
 #pragma unroll
-  for (int e = 0; e < kGroup; ++e) amax = fmaxf(amax, fabsf(x[e]));
-  const Nvfp4Scale s = nvfp4_scale_from_amax(amax);
+  for (int e = 0; e < 8; ++e) m8[e] = fmaxf(fabsf(x[e]), fabsf(x[e + 8]));
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m8[e] = fmaxf(m8[e], m8[e + 4]);
+  float amax = fmaxf(fmaxf(m8[0], m8[2]), fmaxf(m8[1], m8[3]));
+  // An infinite amax (x - mean overflowed) would make div6_rn NaN; FLT_MAX has the same scale
+  // code (448, saturated) and the elements then take the general path below.
+  amax = fminf(amax, 3.40282347e38f);
+  Nvfp4Group g;
+  g.scale = e4m3x2_word(div6_rn(amax), 0.0f);
+  const float rs = recip_scaled[g.scale];
+#if FLASHINFER_H3_NATIVE_FP4
+  const float r = __fmul_rn(rs, 0x1p110f);  // exact: r itself
   float lo[8], hi[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    lo[e] = nvfp4_scaled(x[e], s);
-    hi[e] = nvfp4_scaled(x[8 + e], s);
+    lo[e] = __fmul_rn(x[e], r);
+    hi[e] = __fmul_rn(x[8 + e], r);
   }
-  return {make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi)), s.code};
+  g.codes = make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
+#else
+  // Right whenever every |x r| < 2^15; fl(amax r') bounds every |x r'| (monotone) and tells.
+  g.codes = make_uint2(e2m1x8_scaled(x, rs), e2m1x8_scaled(x + 8, rs));
+  if (!(__fmul_rn(amax, rs) < kFastProductLimit)) {
+    // An unsaturated scale keeps amax / s below 9 (6 times the rounding ratio of the coarsest
+    // subnormal scale), so only a scale saturated at 448 with amax >= 448 * 2^15 (or an
+    // overflowed x - mean) gets here: formats.cuh's general encoder, off the straight-line path.
+    const float r = __fmul_rn(rs, 0x1p110f);
+    float lo[8], hi[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      lo[e] = __fmul_rn(x[e], r);
+      hi[e] = __fmul_rn(x[8 + e], r);
+    }
+    g.codes = make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
+  }
+#endif
+  // A zero scale maps the group to +0 (SPEC 3), whatever the signs of x.
+  if (g.scale == 0) g.codes = make_uint2(0, 0);
+  return g;
 }
 
 // SPEC 4: codes rn_e4m3(x * (1/s)), all 0 when s == 0 (then 1/s would be inf and 0*inf NaN).
-// Four elements -> one little-endian word, element 0 in the low byte.
-__device__ __forceinline__ uint32_t fp8_codes4(float x0, float x1, float x2, float x3, float s, float r) {
-  if (s == 0.0f) return 0u;
-  const uint32_t lo = cvt_e4m3x2_rn_satfinite(__fmul_rn(x0, r), __fmul_rn(x1, r));
-  const uint32_t hi = cvt_e4m3x2_rn_satfinite(__fmul_rn(x2, r), __fmul_rn(x3, r));
-  return lo | hi << 16;
+struct Fp8Scale {
+  float recip;    // 1 / s, correctly rounded (0 when s == 0)
+  uint32_t keep;  // all ones, or 0 when s == 0
+};
+
+__device__ __forceinline__ Fp8Scale fp8_scale(float s) {
+  return s == 0.0f ? Fp8Scale{0.0f, 0u} : Fp8Scale{__frcp_rn(s), ~0u};
 }
 
-__device__ __forceinline__ uint4 fp8_codes16(const float (&x)[kGroup], float s) {
-  const float r = s == 0.0f ? 0.0f : __frcp_rn(s);
-  return make_uint4(fp8_codes4(x[0], x[1], x[2], x[3], s, r), fp8_codes4(x[4], x[5], x[6], x[7], s, r),
-                    fp8_codes4(x[8], x[9], x[10], x[11], s, r),
-                    fp8_codes4(x[12], x[13], x[14], x[15], s, r));
+// Four elements -> one little-endian word, element 0 in the low byte.
+__device__ __forceinline__ uint32_t fp8_codes4(float x0, float x1, float x2, float x3, const Fp8Scale& s) {
+  const uint32_t lo = e4m3x2_word(__fmul_rn(x0, s.recip), __fmul_rn(x1, s.recip));
+  const uint32_t hi = e4m3x2_word(__fmul_rn(x2, s.recip), __fmul_rn(x3, s.recip));
+  return (lo | hi << 16) & s.keep;
+}
+
+__device__ __forceinline__ uint4 fp8_codes16(const float (&x)[kGroup], const Fp8Scale& s) {
+  return make_uint4(fp8_codes4(x[0], x[1], x[2], x[3], s), fp8_codes4(x[4], x[5], x[6], x[7], s),
+                    fp8_codes4(x[8], x[9], x[10], x[11], s), fp8_codes4(x[12], x[13], x[14], x[15], s));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,8 +412,8 @@ __device__ __forceinline__ float* nvfp4_k_sum_slot(const Outputs<Op::kNvfp4>& o,
 }
 
 __device__ __forceinline__ float2* fp8_stats_slot(const Outputs<Op::kFp8>& o, int cb, int h, int c) {
-  return reinterpret_cast<float2*>(o.v_codes + (static_cast<int64_t>(h) * kHeadDim + c) * o.v_code_row +
-                                   static_cast<int64_t>(cb) * sizeof(float2));
+  return reinterpret_cast<float2*>(o.v_codes + (static_cast<int64_t>(h) * kHeadDim + c / 8) * o.v_code_row) +
+         static_cast<int64_t>(cb) * 8 + c % 8;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,7 +422,7 @@ __device__ __forceinline__ float2* fp8_stats_slot(const Outputs<Op::kFp8>& o, in
 
 template <Op op>
 __global__ void __launch_bounds__(kThreads) block_stats_kernel(Inputs in, Tables tb, Outputs<op> out) {
-  __shared__ alignas(16) float red[kRowSlices * kHeadDim];
+  __shared__ __align__(16) float red[kRowSlices * kHeadDim];
   const int h = static_cast<int>(blockIdx.x % in.heads);
   const QBlock blk = load_qblock(tb.qblocks, static_cast<int>(blockIdx.x / in.heads));
   const int n = blk.row_end - blk.row_begin;
@@ -335,44 +463,74 @@ __global__ void __launch_bounds__(kThreads) block_stats_kernel(Inputs in, Tables
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch 2: per-(segment, head) kbar (and FP8 V scales); blockDim = 128 * slices
+// Launch 2: per-(segment, head) kbar (and FP8 V scales)
 // ---------------------------------------------------------------------------------------------
 
+// Launch 2's shape: `slices` threads add the block sums of one channel (slice i takes blocks
+// b0 + i, b0 + i + slices, ...), and a (segment, head) is split over `split` CTAs of 128 / split
+// channels so that no CTA has more than 1024 threads. Enough slices that a long segment's ~500
+// block sums are read in two rounds of 8 loads per thread; few enough that 10k short segments do
+// not launch 1024-thread CTAs.
+struct ReduceShape {
+  int slices, split;
+};
+
+inline ReduceShape reduce_shape(int num_qblocks, int segments) {
+  const int per_segment = segments > 0 ? ceil_div(num_qblocks, segments) : 0;
+  int slices = 1;
+  while (slices < kReduceMaxSlices && slices * 4 <= per_segment) slices *= 2;
+  const int split = slices * kHeadDim > kReduceMaxThreads ? slices * kHeadDim / kReduceMaxThreads : 1;
+  return {slices, split};
+}
+
+// grid S * H * split, blockDim (128 / split) * slices.
 template <Op op>
-__global__ void __launch_bounds__(kHeadDim * kReduceMaxSlices) segment_reduce_kernel(Inputs in, Tables tb,
-                                                                                      Outputs<op> out) {
-  __shared__ double sums[kReduceMaxSlices][kHeadDim];
-  __shared__ float maxes[kReduceMaxSlices][kHeadDim];
-  const int h = static_cast<int>(blockIdx.x % in.heads);
-  const int s = static_cast<int>(blockIdx.x / in.heads);
-  const int c = threadIdx.x % kHeadDim, slice = threadIdx.x / kHeadDim;
-  const int slices = blockDim.x / kHeadDim;
+__global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Inputs in, Tables tb, Outputs<op> out,
+                                                                            int split) {
+  __shared__ double sums[kReduceMaxThreads];
+  __shared__ float maxes[kReduceMaxThreads];
+  const int channels = kHeadDim / split;  // of this CTA
+  const int sh = static_cast<int>(blockIdx.x) / split;
+  const int h = sh % in.heads, s = sh / in.heads;
+  const int lc = static_cast<int>(threadIdx.x) % channels, slice = static_cast<int>(threadIdx.x) / channels;
+  const int c = (static_cast<int>(blockIdx.x) % split) * channels + lc;
+  const int slices = static_cast<int>(blockDim.x) / channels;
   const int b0 = tb.qblock_start[s], b1 = tb.qblock_start[s + 1];
 
-  // The FP32 block sums are added in FP64 (exact unless they span > 29 binades), block order
-  // fixed by the slice split. Each slice takes a contiguous run of blocks, so the FP8 pairs
-  // (8 bytes at a 8-byte step along one V row) are read a whole 32-byte sector at a time.
-  const int chunk = ceil_div(b1 - b0, slices);
-  const int begin = b0 + slice * chunk, end = min(b1, begin + chunk);
+  // The FP32 block sums are added in FP64 (exact unless they span > 29 binades) in a fixed order:
+  // each slice in block order, then the slices in order. A warp reads 32 adjacent channels of one
+  // block (128 contiguous bytes for NVFP4, four whole 64-byte runs for FP8), and a thread issues
+  // its loads 8 at a time before adding (a long segment: 2 rounds of memory latency, not 15).
+  constexpr int kBatch = 8;
   double sum = 0.0;
   float vmax = 0.0f;
-#pragma unroll 4
-  for (int cb = begin; cb < end; ++cb) {
-    if constexpr (op == Op::kNvfp4) {
-      sum += static_cast<double>(*nvfp4_k_sum_slot(out, cb, in.heads, h, c));
-    } else {
-      const float2 p = *fp8_stats_slot(out, cb, h, c);
-      sum += static_cast<double>(p.x);
-      vmax = fmaxf(vmax, p.y);
+  for (int first = b0 + slice; first < b1; first += kBatch * slices) {
+    float2 part[kBatch];  // (k sum, v amax); past the segment: (0, 0), which changes nothing
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int cb = first + u * slices;
+      part[u] = make_float2(0.0f, 0.0f);
+      if (cb < b1) {
+        if constexpr (op == Op::kNvfp4) {
+          part[u].x = *nvfp4_k_sum_slot(out, cb, in.heads, h, c);
+        } else {
+          part[u] = *fp8_stats_slot(out, cb, h, c);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      sum += static_cast<double>(part[u].x);
+      vmax = fmaxf(vmax, part[u].y);
     }
   }
-  sums[slice][c] = sum;
-  maxes[slice][c] = vmax;
+  sums[threadIdx.x] = sum;
+  maxes[threadIdx.x] = vmax;
   __syncthreads();
   if (slice != 0) return;
   for (int p = 1; p < slices; ++p) {
-    sum += sums[p][c];
-    vmax = fmaxf(vmax, maxes[p][c]);
+    sum += sums[p * channels + lc];
+    vmax = fmaxf(vmax, maxes[p * channels + lc]);
   }
   const int length = tb.seg_bounds[s + 1] - tb.seg_bounds[s];
   const int64_t at = (static_cast<int64_t>(s) * in.heads + h) * kHeadDim + c;
@@ -381,319 +539,500 @@ __global__ void __launch_bounds__(kHeadDim * kReduceMaxSlices) segment_reduce_ke
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch 3: 128 x 128 tiles of q, k and v, staged through shared memory
+// Launch 3: 128 x 128 tiles of q, k and v, streamed through a shared-memory ring
 // ---------------------------------------------------------------------------------------------
-
-// Launch 3 is persistent and double-buffered: each CTA walks the (tensor, block, head) tiles
-// with a stride of gridDim.x and copies tile i+1 into shared memory (cp.async) while it
-// quantizes tile i, so every resident CTA always has 32 KB of loads in flight. (A CTA per tile
-// that loads, waits, then computes left the memory system idle during its compute phase: 3.0
-// of 4.3 TB/s for FP8 on an H200.)
 //
-// Shared memory: two bf16 tiles ([row][channel], 256 bytes a row) and two rows of per-channel
-// statistics (the column-sum halves; the mean being subtracted). 65 KB: 3 CTAs an SM on
-// H100/H200, 1 on SM120 (99 KB a CTA at most).
-constexpr int kTileWords = kTileBytes / 16;  // uint4 per tile
-struct PipeSmem {
-  uint4 tile[2][kTileWords];
-  float stat[2][kHeadDim];
-};
-constexpr size_t kPipeSmemBytes = sizeof(PipeSmem);
-static_assert(kPipeSmemBytes <= 99 * 1024, "must fit one CTA on SM120 (99 KB a CTA)");
+// Launch 3 is persistent: CTA b takes items b, b + G, b + 2G, ... (G = gridDim.x), item =
+// ((NQB - 1 - q block (schedule order)) * 3 + tensor) * H + head, tensor 0 q, 1 k, 2 v (see
+// item_qblock for the backward order). Neighbouring CTAs thus read neighbouring 256-byte pieces
+// of the same token rows, and every SM works on a mix of Q tiles (the heaviest: the mean
+// first) and K and V tiles at any time.
+//
+// Each CTA keeps kStages tiles in flight. Its shared memory is a ring of kStages stages (a 32 KB
+// bf16 tile, the 512-byte row of means or scales the item needs, and the item's descriptor),
+// filled by cp.async kStages items ahead. An item is handled as
+//     wait for its stage -> barrier -> copy the thread's 128 bytes into registers -> barrier ->
+//     refill the stage with the item kStages ahead -> quantize from registers and store,
+// so the stage is busy only while its copy is in flight: kStages tiles (96 KB with 3 stages) are
+// being loaded during the whole compute, about 4x the ~25 KB an H200 SM needs in flight to
+// cover the DRAM latency at 4.3 TB/s, and two CTAs an SM overlap each other's barriers. (The
+// previous double buffer quantized out of shared memory and so kept one tile per CTA in flight
+// while computing; it streamed at about 3.0 TB/s.)
+//
+// The element work is written for few instructions, most on the FP32 pipe (see e2m1_top_nibble):
+// a 128 x 128 NVFP4 tile is 16k encodes, and with formats.cuh's integer encoder (~20
+// instructions an element, mostly on the half-rate ALU pipe) issuing a tile took longer than
+// streaming it. Now a K tile is ~1000 instructions a thread (~13 an element), a Q tile ~1200,
+// a V tile ~1000: about 80 % of the time an SM needs to stream the tile at 4.3 TB/s.
+//
+// Shared-memory tile layout: row r (a token), 16-byte chunk c (channels 8c..8c+7) at chunk
+// r * 16 + (c ^ ((c >> 3) & 1)). The swizzle makes both register copies conflict-free: a row
+// tile thread reads chunks 2j and 2j + 1 of its row (8 lanes a phase cover all 32 banks), a V
+// thread reads one 4-byte channel pair of a key row (a warp covers 128 contiguous bytes).
 
-// What the tile functions work on: the tile of the current pipeline stage and the statistics.
-struct TileSmem {
-  uint4* tile;
-  float (*stat)[kHeadDim];
+constexpr int kRowChunks = kHeadDim * 2 / 16;            // 16-byte chunks per bf16 row
+constexpr int kTileChunks = kBlockRows * kRowChunks;     // 2048 (32 KB)
+constexpr int kLoadsPerThread = kTileChunks / kThreads;  // 8 cp.async a thread a tile
+constexpr int kVQuarterKeys = kBlockRows / 4;            // keys of a V thread: a quarter block
+constexpr int kRawWords = 32;                            // bf16 pairs a thread holds (128 bytes)
+static_assert(kRawWords * 4 * kThreads == kBlockRows * kHeadDim * 2, "every tile byte in one register");
+static_assert(kVQuarterKeys == kRawWords && 2 * kGroup == kVQuarterKeys, "a V thread: 2 groups, 2 channels");
+
+__host__ __device__ constexpr int swizzle_chunk(int c) { return c ^ ((c >> 3) & 1); }
+
+// Division by a runtime divisor d >= 1 for 0 <= n < 2^31 with a multiply-high (the item index
+// is decoded every iteration; IMAD.HI + IADD + SHF instead of a ~20-instruction division):
+// shift = ceil(log2 d), mul = 2^32 (2^shift - d) / d + 1, n / d = (umulhi(n, mul) + n) >> shift.
+struct FastDiv {
+  uint32_t mul, shift;
+
+  static FastDiv make(uint32_t d) {
+    uint32_t shift = 0;
+    while ((uint64_t{1} << shift) < d) ++shift;
+    return {static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1), shift};
+  }
+  __device__ __forceinline__ int div(int n) const {
+    return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
+  }
 };
+
+struct ItemMap {
+  int items;  // 3 * NQB * H
+  int num_qblocks;
+  FastDiv by_heads;
+};
+
+struct alignas(16) ItemDesc {
+  int tensor, h, segment, row_begin, n, canonical, pad0, pad1;
+};
+
+struct Stage {
+  uint4 tile[kTileChunks];  // bf16 rows, chunk-swizzled (see above)
+  float aux[kHeadDim];      // K: kbar[segment, h, :]; FP8 V: v_scales[segment, h, :]
+  ItemDesc desc;            // written by thread 0 when the stage is filled
+};
+
+template <int kStages>
+struct PipeSmem {
+  Stage stage[kStages];
+  float red[kWarps][kHeadDim];  // NVFP4 Q: column sums of each key quarter; FP8 K: amax of each warp
+  float mean[kHeadDim];         // NVFP4 Q: the block mean
+  float recip[128];             // NVFP4: nvfp4_recip_scaled of each UE4M3 code
+};
+
+template <int kStages>
+constexpr size_t pipe_smem_bytes() {
+  return sizeof(PipeSmem<kStages>);
+}
 
 // PTX ISA 9.0 §9.7.9.25.3 (non-bulk cp.async): copy 16 bytes global -> shared through L2 only
 // (.cg); the cp-size - src-size trailing bytes are zero-filled, so src_bytes = 0 writes 16 zero
 // bytes. Completion is tracked per thread by commit/wait groups below.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes) {
+#ifdef __CUDA_ARCH__
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
                : "memory");
+#else
+  emulated_cp_async_16(smem_dst, gmem_src, src_bytes);
+#endif
 }
 
 // cp.async.commit_group: closes the group of this thread's cp.async issued since the last commit.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#else
+  emulated_cp_async_commit();
+#endif
+}
 
 // cp.async.wait_group N: waits until at most N of this thread's committed groups are pending.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
+#ifdef __CUDA_ARCH__
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#else
+  emulated_cp_async_wait(kPending);
+#endif
 }
 
-// Issues the copies of rows [0, n) of a tile and the zero fill of rows [n, round_up(n, 64)):
-// the padded keys of a V chunk quantize as +0, and column loops may run to a multiple of 64
-// rows. Rows past that are left as they are and never read. Thread t copies 16-byte chunk
-// t % 16 of rows t / 16 + 16 i: a warp covers two whole 256-byte rows per step.
-__device__ __forceinline__ void issue_tile_load(const uint16_t* base, int64_t row_begin, int n, int heads, int h,
-                                                uint4* tile) {
-  constexpr int kChunksPerRow = kHeadDim * 2 / 16;  // 16 uint4 per row
-  constexpr int kRowsPerStep = kThreads / kChunksPerRow;
-  constexpr int kSteps = kBlockRows / kRowsPerStep;
-  const int chunk = threadIdx.x % kChunksPerRow;
-  const int padded = round_up(n, kVKeyPad);
-  // The zero fill reads nothing, but its source operand still names a row of this tile.
-  const uint16_t* row0 = base + (row_begin * heads + h) * kHeadDim + chunk * 8;
+__device__ __forceinline__ void* dynamic_smem() {
+#ifdef __CUDA_ARCH__
+  extern __shared__ uint4 dynamic_smem_words[];
+  return dynamic_smem_words;
+#else
+  return emulated_dynamic_smem();
+#endif
+}
+
+__device__ __forceinline__ ItemDesc decode_item(const ItemMap& map, int item, int heads, const QBlock& blk) {
+  ItemDesc d;
+  const int tile = map.by_heads.div(item);  // q block * 3 + tensor
+  d.h = item - tile * heads;
+  d.tensor = tile % 3;
+  d.segment = blk.segment;
+  d.row_begin = blk.row_begin;
+  d.n = blk.row_end - blk.row_begin;
+  d.canonical = blk.canonical;
+  d.pad0 = d.pad1 = 0;
+  return d;
+}
+
+// The q block (row of the schedule-order table) of an item: the table backwards, so that the
+// first tiles read are the k (and v) rows launch 1 read last, which are still in L2.
+__device__ __forceinline__ int item_qblock(const ItemMap& map, int item) {
+  return map.num_qblocks - 1 - map.by_heads.div(item) / 3;
+}
+
+// The row of means (K) or scales (FP8 V) an item needs next to its tile, or null.
+template <Op op>
+__device__ __forceinline__ const float* aux_source(const Outputs<op>& out, const ItemDesc& d, int heads) {
+  const int64_t at = (static_cast<int64_t>(d.segment) * heads + d.h) * kHeadDim;
+  if (d.tensor == 1) return out.kbar + at;
+  if constexpr (op == Op::kFp8) {
+    if (d.tensor == 2) return out.v_scales + at;
+  }
+  return nullptr;
+}
+
+// Starts the copies of an item into a stage: rows [0, n) of its tile, zeros for rows [n, 128)
+// (padded V keys quantize as +0, and every register copy reads whole tiles), and its aux row.
+// Thread t copies chunk t % 16 of rows t / 16 + 16 i: a warp covers two whole 256-byte rows per
+// step. A full tile (every block but a segment's last) needs no per-row test; in a partial one
+// the zero fill reads nothing, but its source operand still names a row of this tile.
+template <Op op>
+__device__ __forceinline__ void issue_item(const Inputs& in, const Outputs<op>& out, const ItemDesc& d, Stage& st) {
+  constexpr int kRowsPerStep = kThreads / kRowChunks;  // 16
+  const int c = threadIdx.x % kRowChunks, r0 = threadIdx.x / kRowChunks;
+  const uint16_t* base = d.tensor == 0 ? in.q : d.tensor == 1 ? in.k : in.v;
+  const int64_t step = static_cast<int64_t>(in.heads) * kHeadDim * kRowsPerStep;  // 16 token rows
+  const uint16_t* first = base + (static_cast<int64_t>(d.row_begin) * in.heads + d.h) * kHeadDim + c * 8;
+  const uint16_t* src = first + r0 * (step / kRowsPerStep);
+  uint4* dst = st.tile + r0 * kRowChunks + swizzle_chunk(c);
+  if (d.n == kBlockRows) {
 #pragma unroll
-  for (int i = 0; i < kSteps; ++i) {
-    const int r = threadIdx.x / kChunksPerRow + kRowsPerStep * i;
-    if (r < padded) {
-      const bool real = r < n;
-      cp_async_16(tile + r * kChunksPerRow + chunk, real ? row0 + static_cast<int64_t>(r) * heads * kHeadDim : row0,
-                  real ? 16u : 0u);
+    for (int i = 0; i < kLoadsPerThread; ++i) cp_async_16(dst + i * kRowsPerStep * kRowChunks, src + i * step, 16u);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kLoadsPerThread; ++i) {
+      const bool real = r0 + kRowsPerStep * i < d.n;
+      cp_async_16(dst + i * kRowsPerStep * kRowChunks, real ? src + i * step : first, real ? 16u : 0u);
     }
   }
+  const float* aux = aux_source(out, d, in.heads);
+  if (aux != nullptr && threadIdx.x < kHeadDim / 4) cp_async_16(&st.aux[4 * threadIdx.x], aux + 4 * threadIdx.x, 16u);
 }
 
-// Channels 16 j .. 16 j + 15 of row r.
-__device__ __forceinline__ void tile_row16(const uint4* tile, int r, int j, float (&x)[kGroup]) {
-  const uint4 raw[2] = {tile[r * (kHeadDim / 8) + 2 * j], tile[r * (kHeadDim / 8) + 2 * j + 1]};
-  unpack_bf16x16(raw, x);
-}
-
-// Keys key0 .. key0 + 15 of channel c (a warp reads 64 contiguous bytes: no bank conflict).
-__device__ __forceinline__ void tile_column16(const uint4* tile, int key0, int c, float (&x)[kGroup]) {
-  const uint16_t* t = reinterpret_cast<const uint16_t*>(tile);
+// The thread's 128 bytes of a row tile (Q, K): channel group j = t % 8, rows rs + 32 i for
+// rs = t / 8. Word 8 i + e holds channels 16 j + 2 e (low half) and 16 j + 2 e + 1 of row i.
+__device__ __forceinline__ void copy_rows(const Stage& st, uint32_t (&w)[kRawWords]) {
+  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
 #pragma unroll
-  for (int e = 0; e < kGroup; ++e) x[e] = __uint_as_float(static_cast<uint32_t>(t[(key0 + e) * kHeadDim + c]) << 16);
-}
-
-// Column sums of the tile's rows [0, n) (FP32, fixed order): thread (c, half) adds rows
-// half*64 .. half*64+63 into 8 interleaved accumulators (the zero rows past n add nothing), a
-// 3-level tree joins them, then half 0 + half 1. About 10 roundings deep, not 127. Thread c < 128
-// returns channel c's sum. Uses sm.stat[0]; ends with a barrier.
-__device__ __forceinline__ float tile_column_sum(const TileSmem& sm, int n) {
-  const int c = threadIdx.x % kHeadDim, half = threadIdx.x / kHeadDim;
-  const uint16_t* t = reinterpret_cast<const uint16_t*>(sm.tile);
-  const int r0 = half * kVKeyPad, r1 = min(round_up(n, kVKeyPad), r0 + kVKeyPad);
-  float acc[8];
-#pragma unroll
-  for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-  for (int r = r0; r < r1; r += 8) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-      acc[u] = __fadd_rn(acc[u], __uint_as_float(static_cast<uint32_t>(t[(r + u) * kHeadDim + c]) << 16));
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int r = rs + kRowSlices * i;
+    const uint4 a = st.tile[r * kRowChunks + swizzle_chunk(2 * j)];
+    const uint4 b = st.tile[r * kRowChunks + swizzle_chunk(2 * j + 1)];
+    w[8 * i + 0] = a.x, w[8 * i + 1] = a.y, w[8 * i + 2] = a.z, w[8 * i + 3] = a.w;
+    w[8 * i + 4] = b.x, w[8 * i + 5] = b.y, w[8 * i + 6] = b.z, w[8 * i + 7] = b.w;
   }
-#pragma unroll
-  for (int u = 0; u < 4; ++u) acc[u] = __fadd_rn(acc[u], acc[u + 4]);
-  acc[0] = __fadd_rn(acc[0], acc[2]);
-  acc[1] = __fadd_rn(acc[1], acc[3]);
-  const float mine = __fadd_rn(acc[0], acc[1]);
-  if (half == 1) sm.stat[0][c] = mine;
-  __syncthreads();
-  return half == 0 ? __fadd_rn(mine, sm.stat[0][c]) : 0.0f;
 }
 
-__device__ __forceinline__ void load_mean16(const float* mean, int j, float (&m)[kGroup]) {
+// V thread of a tile: channel pair p (channels 2p, 2p + 1) and key quarter q (keys 32q..32q+31).
+// A warp holds 32 consecutive pairs of one quarter, so its copies read 128 contiguous bytes.
+struct VThread {
+  int p, q;
+};
+
+__device__ __forceinline__ VThread v_thread() {
+  return {static_cast<int>(threadIdx.x % kWarpSize + kWarpSize * ((threadIdx.x / kWarpSize) % 2)),
+          static_cast<int>(threadIdx.x / (2 * kWarpSize))};
+}
+
+// Word e = (channel 2p, channel 2p + 1) of key 32 q + e.
+__device__ __forceinline__ void copy_columns(const Stage& st, const VThread& vt, uint32_t (&w)[kRawWords]) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(st.tile);
+  const int col = swizzle_chunk(vt.p / 4) * 4 + vt.p % 4;  // word of the pair within a row
+#pragma unroll
+  for (int e = 0; e < kRawWords; ++e) w[e] = words[(kVQuarterKeys * vt.q + e) * (kRowChunks * 4) + col];
+}
+
+__device__ __forceinline__ void load16(const float* src, float (&m)[kGroup]) {
 #pragma unroll
   for (int e = 0; e < kGroup; e += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(mean + j * kGroup + e);
+    const float4 v = *reinterpret_cast<const float4*>(src + e);
     m[e] = v.x, m[e + 1] = v.y, m[e + 2] = v.z, m[e + 3] = v.w;
   }
 }
 
-// NVFP4 Q or K tile: Q' = q - qbar (this block's mean, computed here) or K' = k - kbar, then
-// 16-channel groups. Thread (row slice rs, group j) owns rows rs + 32 i; a warp stores 4 whole
-// 64-byte code rows (256 contiguous bytes) and 32 contiguous scale bytes.
-__device__ __forceinline__ void nvfp4_qk_tile(const TileSmem& sm, const Outputs<Op::kNvfp4>& out, const QBlock& blk,
-                                              int n, int h, int heads, int64_t tokens, bool is_q) {
-  float* mean = sm.stat[1];
-  if (is_q) {
-    const float total = tile_column_sum(sm, n);
-    if (threadIdx.x < kHeadDim) {
-      const float qbar = __fdiv_rn(total, static_cast<float>(n));
-      mean[threadIdx.x] = qbar;
-      out.qbar[(static_cast<int64_t>(blk.canonical) * heads + h) * kHeadDim + threadIdx.x] = qbar;
-    }
-  } else if (threadIdx.x < kHeadDim) {
-    mean[threadIdx.x] = out.kbar[(static_cast<int64_t>(blk.segment) * heads + h) * kHeadDim + threadIdx.x];
-  }
-  __syncthreads();
-  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
-  float m[kGroup];
-  load_mean16(mean, j, m);
-  uint8_t* codes = is_q ? out.q_codes : out.k_codes;
-  uint8_t* scales = is_q ? out.q_scales : out.k_scales;
+// Row i of a row tile as floats minus the thread's 16 means (m = 0: no smoothing).
+__device__ __forceinline__ void row_minus(const uint32_t (&w)[kRawWords], int i, const float (&m)[kGroup],
+                                          float (&x)[kGroup]) {
 #pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int r = rs + kRowSlices * i;
-    if (r >= n) break;
-    float x[kGroup];
-    tile_row16(sm.tile, r, j, x);
-#pragma unroll
-    for (int e = 0; e < kGroup; ++e) x[e] = __fsub_rn(x[e], m[e]);
-    const Nvfp4Group g = nvfp4_quantize_group(x);
-    const int64_t row = static_cast<int64_t>(h) * tokens + blk.row_begin + r;
-    *reinterpret_cast<uint2*>(codes + row * (kHeadDim / 2) + j * (kGroup / 2)) = g.codes;
-    scales[row * kChanGroups + j] = static_cast<uint8_t>(g.scale);
+  for (int e = 0; e < kGroup / 2; ++e) {
+    x[2 * e] = __fsub_rn(bf16_lo(w[8 * i + e]), m[2 * e]);
+    x[2 * e + 1] = __fsub_rn(bf16_hi(w[8 * i + e]), m[2 * e + 1]);
   }
 }
 
-// FP8 Q tile (per-token scale, no smoothing) or K tile (K' = k - kbar, one scale for the block).
-// The 8 lanes sharing a row are consecutive lanes, so xor-shuffles 1, 2, 4 reduce a row.
-__device__ __forceinline__ void fp8_qk_tile(const TileSmem& sm, const Outputs<Op::kFp8>& out, const QBlock& blk, int n,
-                                            int h, int heads, int64_t tokens, bool is_q) {
-  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
-  float m[kGroup];
-  if (is_q) {
+template <int kWidth>
+__device__ __forceinline__ void tree_level(float (&lo)[kRawWords / 2], float (&hi)[kRawWords / 2]) {
 #pragma unroll
-    for (int e = 0; e < kGroup; ++e) m[e] = 0.0f;
-  } else {
-    if (threadIdx.x < kHeadDim)
-      sm.stat[1][threadIdx.x] = out.kbar[(static_cast<int64_t>(blk.segment) * heads + h) * kHeadDim + threadIdx.x];
-    __syncthreads();
-    load_mean16(sm.stat[1], j, m);
+  for (int e = 0; e < kWidth; ++e) {
+    lo[e] = __fadd_rn(lo[e], lo[e + kWidth]);
+    hi[e] = __fadd_rn(hi[e], hi[e + kWidth]);
   }
+}
+
+// NVFP4 Q, part 1, while the stage still holds the tile: the thread's share of the block's column
+// sums. It reads like a V thread (channel pair p, rows 32q..32q+31; conflict-free) and adds its
+// 32 rows as a 5-level tree into red[q][2p], red[q][2p + 1]. Rows past n are zeros.
+__device__ __forceinline__ void nvfp4_q_partial_sums(const Stage& st, float (*red)[kHeadDim]) {
+  const VThread vt = v_thread();
+  uint32_t w[kRawWords];
+  copy_columns(st, vt, w);
+  float lo[kRawWords / 2], hi[kRawWords / 2];
+#pragma unroll
+  for (int e = 0; e < kRawWords / 2; ++e) {
+    lo[e] = __fadd_rn(bf16_lo(w[2 * e]), bf16_lo(w[2 * e + 1]));
+    hi[e] = __fadd_rn(bf16_hi(w[2 * e]), bf16_hi(w[2 * e + 1]));
+  }
+  // One call per level: nvcc does not unroll a loop over the halving widths, and lo[] / hi[]
+  // would then live in local memory.
+  tree_level<8>(lo, hi);
+  tree_level<4>(lo, hi);
+  tree_level<2>(lo, hi);
+  tree_level<1>(lo, hi);
+  red[vt.q][2 * vt.p] = lo[0];
+  red[vt.q][2 * vt.p + 1] = hi[0];
+}
+
+// NVFP4 Q, part 2 (after a barrier): the block mean of each channel over rows [0, n), the 4
+// quarter sums added as a 2-level tree (7 levels in all), stored to qbar; m gets the thread's 16
+// means. One barrier.
+__device__ __forceinline__ void nvfp4_q_mean(int n, const float (*red)[kHeadDim], float* mean_smem, float* qbar_row,
+                                             float (&m)[kGroup]) {
+  if (threadIdx.x < kHeadDim) {
+    const int c = threadIdx.x;
+    const float total = __fadd_rn(__fadd_rn(red[0][c], red[1][c]), __fadd_rn(red[2][c], red[3][c]));
+    const float qbar = __fdiv_rn(total, static_cast<float>(n));
+    mean_smem[c] = qbar;
+    qbar_row[c] = qbar;
+  }
+  __syncthreads();
+  load16(mean_smem + (threadIdx.x % kChanGroups) * kGroup, m);
+}
+
+// NVFP4 Q or K tile from registers: Q' = q - qbar or K' = k - kbar, 16-channel groups. A warp
+// stores 4 whole 64-byte code rows (256 contiguous bytes) and 32 contiguous scale bytes.
+__device__ __forceinline__ void nvfp4_rows(const uint32_t (&w)[kRawWords], const float (&m)[kGroup],
+                                           const ItemDesc& d, const Outputs<Op::kNvfp4>& out, int64_t tokens,
+                                           const float* recip) {
+  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
+  const int64_t row0 = static_cast<int64_t>(d.h) * tokens + d.row_begin + rs;  // the thread's row i = 0
+  uint8_t* codes = (d.tensor == 0 ? out.q_codes : out.k_codes) + row0 * (kHeadDim / 2) + j * (kGroup / 2);
+  uint8_t* scales = (d.tensor == 0 ? out.q_scales : out.k_scales) + row0 * kChanGroups + j;
+  // Rows past n (a segment's last block) are quantized too and not stored: no branch between
+  // the rows, so the compiler may interleave their groups.
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    float x[kGroup];
+    row_minus(w, i, m, x);
+    const Nvfp4Group g = nvfp4_group(x, recip);
+    if (rs + kRowSlices * i < d.n) {
+      *reinterpret_cast<uint2*>(codes + i * kRowSlices * (kHeadDim / 2)) = g.codes;
+      scales[i * kRowSlices * kChanGroups] = static_cast<uint8_t>(g.scale);
+    }
+  }
+}
+
+// The first padded V column of the tile: keys of segment s sit at vkey_start[s] + (key - a_s).
+__device__ __forceinline__ int64_t v_first_column(const Tables& tb, const ItemDesc& d) {
+  return tb.vkey_start[d.segment] + (d.row_begin - tb.seg_bounds[d.segment]);
+}
+
+// NVFP4 V tile from registers: channels 2p and 2p + 1, keys 32q..32q+31 = two groups each; the
+// quarter writes 16 bytes of codes and 2 scale bytes of each of its two V rows. Quarters past the
+// tile's padded end (round_up(n, 64)) write nothing.
+__device__ __forceinline__ void nvfp4_v(const uint32_t (&w)[kRawWords], const ItemDesc& d, int64_t col0,
+                                        const Outputs<Op::kNvfp4>& out, const float* recip) {
+  const VThread vt = v_thread();
+  if (kVQuarterKeys * vt.q >= round_up(d.n, kVKeyPad)) return;
+  const int64_t col = col0 + kVQuarterKeys * vt.q;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // channel 2p + half
+    Nvfp4Group g[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float x[kGroup];
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) x[e] = half == 0 ? bf16_lo(w[kGroup * k + e]) : bf16_hi(w[kGroup * k + e]);
+      g[k] = nvfp4_group(x, recip);
+    }
+    const int64_t vrow = static_cast<int64_t>(d.h) * kHeadDim + 2 * vt.p + half;
+    *reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col / 2) =
+        make_uint4(g[0].codes.x, g[0].codes.y, g[1].codes.x, g[1].codes.y);
+    *reinterpret_cast<uint16_t*>(out.v_scales + vrow * (out.v_code_row / 8) + col / kGroup) =
+        static_cast<uint16_t>(g[0].scale | g[1].scale << 8);
+  }
+}
+
+// FP8 Q (per-token scale, no smoothing) or K (K' = k - kbar, one scale for the block) tile from
+// registers. The 8 lanes sharing a row are consecutive lanes, so xor-shuffles 1, 2, 4 reduce a
+// row; the K block amax adds shuffles 8, 16 and one barrier.
+__device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const float (&m)[kGroup], const ItemDesc& d,
+                                         const Outputs<Op::kFp8>& out, int64_t tokens, float (*red)[kHeadDim]) {
+  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
+  const bool is_q = d.tensor == 0;
   float row_amax[kRowsPerThread];
   float tile_amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
-    const int r = rs + kRowSlices * i;
     float a = 0.0f;
-    if (r < n) {
+    if (rs + kRowSlices * i < d.n) {  // rows past n are zeros, minus the mean for K: left out
       float x[kGroup];
-      tile_row16(sm.tile, r, j, x);
+      row_minus(w, i, m, x);
 #pragma unroll
-      for (int e = 0; e < kGroup; ++e) a = fmaxf(a, fabsf(is_q ? x[e] : __fsub_rn(x[e], m[e])));
+      for (int e = 0; e < kGroup; ++e) a = fmaxf(a, fabsf(x[e]));
     }
+    if (is_q) {
 #pragma unroll
-    for (int w = 1; w < kChanGroups; w *= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, w));
+      for (int o = 1; o < kChanGroups; o *= 2) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+    }
     row_amax[i] = a;
     tile_amax = fmaxf(tile_amax, a);
   }
-  float k_scale = 0.0f;
+  Fp8Scale k_scale{0.0f, 0u};
   if (!is_q) {
 #pragma unroll
-    for (int w = kChanGroups; w < kWarpSize; w *= 2) tile_amax = fmaxf(tile_amax, __shfl_xor_sync(0xFFFFFFFFu, tile_amax, w));
-    if (threadIdx.x % kWarpSize == 0) sm.stat[0][threadIdx.x / kWarpSize] = tile_amax;
+    for (int o = 1; o < kWarpSize; o *= 2) tile_amax = fmaxf(tile_amax, __shfl_xor_sync(0xFFFFFFFFu, tile_amax, o));
+    if (threadIdx.x % kWarpSize == 0) red[0][threadIdx.x / kWarpSize] = tile_amax;
     __syncthreads();
-    float a = 0.0f;
+    float a = red[0][0];
 #pragma unroll
-    for (int w = 0; w < kThreads / kWarpSize; ++w) a = fmaxf(a, sm.stat[0][w]);
-    k_scale = __fdiv_rn(a, kFp8Max);
-    if (threadIdx.x == 0) out.k_scales[static_cast<int64_t>(h) * out.k_scale_row + blk.canonical] = k_scale;
+    for (int v = 1; v < kWarps; ++v) a = fmaxf(a, red[0][v]);
+    const float s = __fdiv_rn(a, kFp8Max);
+    if (threadIdx.x == 0) out.k_scales[static_cast<int64_t>(d.h) * out.k_scale_row + d.canonical] = s;
+    k_scale = fp8_scale(s);
   }
-  uint8_t* codes = is_q ? out.q_codes : out.k_codes;
+  const int64_t row0 = static_cast<int64_t>(d.h) * tokens + d.row_begin + rs;  // the thread's row i = 0
+  uint8_t* codes = (is_q ? out.q_codes : out.k_codes) + row0 * kHeadDim + j * kGroup;
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
-    const int r = rs + kRowSlices * i;
-    if (r >= n) break;
+    if (rs + kRowSlices * i >= d.n) break;
     float x[kGroup];
-    tile_row16(sm.tile, r, j, x);
-    if (!is_q) {
-#pragma unroll
-      for (int e = 0; e < kGroup; ++e) x[e] = __fsub_rn(x[e], m[e]);
-    }
-    const float s = is_q ? __fdiv_rn(row_amax[i], kFp8Max) : k_scale;
-    const int64_t row = static_cast<int64_t>(h) * tokens + blk.row_begin + r;
-    *reinterpret_cast<uint4*>(codes + row * kHeadDim + j * kGroup) = fp8_codes16(x, s);
-    if (is_q && j == 0) out.q_scales[row] = s;
+    row_minus(w, i, m, x);
+    const float s = is_q ? __fdiv_rn(row_amax[i], kFp8Max) : 0.0f;
+    const Fp8Scale sc = is_q ? fp8_scale(s) : k_scale;
+    *reinterpret_cast<uint4*>(codes + i * kRowSlices * kHeadDim) = fp8_codes16(x, sc);
+    if (is_q && j == 0) out.q_scales[row0 + i * kRowSlices] = s;
   }
 }
 
-// V tile, transposed: thread (channel c, keys half*64 .. half*64+63 of the block). Its padded
-// columns are [col, col + 64): one whole 32-byte (NVFP4) or 64-byte (FP8) run of its V row.
-template <Op op>
-__device__ __forceinline__ void v_tile(const TileSmem& sm, const Outputs<op>& out, const Tables& tb,
-                                       const QBlock& blk, int n, int h, int heads) {
-  const int c = threadIdx.x % kHeadDim, half = threadIdx.x / kHeadDim;
-  const int key0 = half * kVKeyPad;
-  if (key0 >= n) return;  // the block's padded columns end at round_up(n, 64)
-  const int64_t col = tb.vkey_start[blk.segment] + (blk.row_begin - tb.seg_bounds[blk.segment]) + key0;
-  const int64_t vrow = static_cast<int64_t>(h) * kHeadDim + c;
+// FP8 V tile from registers: channels 2p, 2p + 1 (scales sv from the stage's aux row), keys
+// 32q..32q+31: 32 contiguous code bytes, one whole sector, of each of the two V rows.
+__device__ __forceinline__ void fp8_v(const uint32_t (&w)[kRawWords], const float (&sv)[2], const ItemDesc& d,
+                                      int64_t col0, const Outputs<Op::kFp8>& out) {
+  const VThread vt = v_thread();
+  if (kVQuarterKeys * vt.q >= round_up(d.n, kVKeyPad)) return;
+  const int64_t col = col0 + kVQuarterKeys * vt.q;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const Fp8Scale sc = fp8_scale(sv[half]);
+    uint32_t word[kRawWords / 4];
+#pragma unroll
+    for (int u = 0; u < kRawWords / 4; ++u) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = half == 0 ? bf16_lo(w[4 * u + e]) : bf16_hi(w[4 * u + e]);
+      word[u] = fp8_codes4(x[0], x[1], x[2], x[3], sc);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out.v_codes + (static_cast<int64_t>(d.h) * kHeadDim + 2 * vt.p + half) *
+                                                            out.v_code_row + col);
+    dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
+    dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
+  }
+}
+
+template <Op op, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables tb, Outputs<op> out, ItemMap map) {
+  static_assert(kStages >= 2, "a ring of at least two stages");
+  PipeSmem<kStages>& sm = *static_cast<PipeSmem<kStages>*>(dynamic_smem());
   if constexpr (op == Op::kNvfp4) {
-    uint32_t words[8];
-    uint32_t scales = 0;
-#pragma unroll
-    for (int g = 0; g < kVKeyPad / kGroup; ++g) {
-      float x[kGroup];
-      tile_column16(sm.tile, key0 + g * kGroup, c, x);
-      const Nvfp4Group q = nvfp4_quantize_group(x);
-      words[2 * g] = q.codes.x;
-      words[2 * g + 1] = q.codes.y;
-      scales |= q.scale << (8 * g);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col / 2);
-    dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
-    *reinterpret_cast<uint32_t*>(out.v_scales + vrow * (out.v_code_row / 8) + col / kGroup) = scales;
-  } else {
-    const float sv = out.v_scales[(static_cast<int64_t>(blk.segment) * heads + h) * kHeadDim + c];
-    uint4* dst = reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col);
-#pragma unroll
-    for (int g = 0; g < kVKeyPad / kGroup; ++g) {
-      float x[kGroup];
-      tile_column16(sm.tile, key0 + g * kGroup, c, x);
-      dst[g] = fp8_codes16(x, sv);
-    }
+    if (threadIdx.x < 128) sm.recip[threadIdx.x] = nvfp4_recip_scaled(threadIdx.x);  // seen after barrier A
   }
-}
-
-// One tile of launch 3: item = tensor * (NQB * H) + q block (schedule order) * H + head, tensor
-// 0 q, 1 k, 2 v. Consecutive items are the heads of one block: neighbouring CTAs read
-// neighbouring 256-byte pieces of the same token rows.
-struct TileItem {
-  QBlock blk;
-  int h, tensor, n;
-};
-
-__device__ __forceinline__ TileItem decode_item(int item, int tiles, int heads, const int* qblocks) {
-  TileItem it;
-  it.tensor = item / tiles;
-  const int tile = item - it.tensor * tiles;
-  it.h = tile % heads;
-  it.blk = load_qblock(qblocks, tile / heads);
-  it.n = it.blk.row_end - it.blk.row_begin;
-  return it;
-}
-
-__device__ __forceinline__ const uint16_t* tile_source(const Inputs& in, int tensor) {
-  return tensor == 0 ? in.q : tensor == 1 ? in.k : in.v;
-}
-
-template <Op op>
-__device__ __forceinline__ void quantize_tile(const TileItem& it, const TileSmem& sm, const Inputs& in,
-                                              const Tables& tb, const Outputs<op>& out) {
-  if (it.tensor == 2) {
-    v_tile<op>(sm, out, tb, it.blk, it.n, it.h, in.heads);
-  } else if constexpr (op == Op::kNvfp4) {
-    nvfp4_qk_tile(sm, out, it.blk, it.n, it.h, in.heads, in.tokens, it.tensor == 0);
-  } else {
-    fp8_qk_tile(sm, out, it.blk, it.n, it.h, in.heads, in.tokens, it.tensor == 0);
-  }
-}
-
-// Persistent: CTA b takes items b, b + gridDim.x, ...; `items` = 3 * NQB * H.
-template <Op op>
-__global__ void __launch_bounds__(kThreads, kQuantizeMinBlocks) quantize_kernel(Inputs in, Tables tb, Outputs<op> out,
-                                                                                 int items) {
-  extern __shared__ uint4 dynamic_smem[];
-  PipeSmem& pipe = *reinterpret_cast<PipeSmem*>(dynamic_smem);
-  const int tiles = items / 3;
-  int item = blockIdx.x;
-  if (item >= items) return;
-  TileItem cur = decode_item(item, tiles, in.heads, tb.qblocks);
-  issue_tile_load(tile_source(in, cur.tensor), cur.blk.row_begin, cur.n, in.heads, cur.h, pipe.tile[0]);
-  cp_async_commit();
-  for (int stage = 0; item < items; stage ^= 1) {
-    const int next_item = item + static_cast<int>(gridDim.x);
-    TileItem next = cur;
-    if (next_item < items) {
-      next = decode_item(next_item, tiles, in.heads, tb.qblocks);
-      issue_tile_load(tile_source(in, next.tensor), next.blk.row_begin, next.n, in.heads, next.h,
-                      pipe.tile[stage ^ 1]);
+  const int stride = static_cast<int>(gridDim.x);
+  int next = static_cast<int>(blockIdx.x);  // the next item to copy in
+  // Prologue: the CTA's first kStages items (one commit group each, empty past the end).
+#pragma unroll
+  for (int s = 0; s < kStages; ++s, next += stride) {
+    if (next < map.items) {
+      const ItemDesc d =
+          decode_item(map, next, in.heads, load_qblock(tb.qblocks, item_qblock(map, next)));
+      issue_item(in, out, d, sm.stage[s]);
+      if (threadIdx.x == 0) sm.stage[s].desc = d;
     }
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" = the current tile
-    cp_async_wait<1>();
-    __syncthreads();    // every thread's copies of the current tile have landed
-    quantize_tile<op>(cur, TileSmem{pipe.tile[stage], pipe.stat}, in, tb, out);
-    __syncthreads();    // the tile and stat are free for the copies issued next iteration
-    item = next_item;
-    cur = next;
+    cp_async_commit();
+  }
+  // The q block of `next`, fetched one item ahead so its latency hides behind the compute.
+  QBlock next_blk{};
+  if (next < map.items) next_blk = load_qblock(tb.qblocks, item_qblock(map, next));
+
+  int s = 0;
+  for (int item = static_cast<int>(blockIdx.x); item < map.items; item += stride) {
+    Stage& st = sm.stage[s];
+    cp_async_wait<kStages - 1>();  // this thread's copies of `item` (committed kStages - 1 groups ago)
+    __syncthreads();               // A: everyone's copies landed; the descriptor is visible
+    const ItemDesc d = st.desc;
+    int64_t col0 = 0;
+    if (d.tensor == 2) col0 = v_first_column(tb, d);  // loads in flight across the copy below
+    uint32_t w[kRawWords];
+    float m[kGroup];  // row tiles: the 16 means of the thread's channels (K; Q computes its own)
+    float sv[2];      // FP8 V: the scales of the thread's two channels
+    if (d.tensor == 2) {
+      const VThread vt = v_thread();
+      copy_columns(st, vt, w);
+      if constexpr (op == Op::kFp8) {
+        sv[0] = st.aux[2 * vt.p];
+        sv[1] = st.aux[2 * vt.p + 1];
+      }
+    } else {
+      copy_rows(st, w);
+      if (d.tensor == 1) {
+        load16(st.aux + (threadIdx.x % kChanGroups) * kGroup, m);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kGroup; ++e) m[e] = 0.0f;
+        if constexpr (op == Op::kNvfp4) nvfp4_q_partial_sums(st, sm.red);  // combined after barrier B
+      }
+    }
+    __syncthreads();  // B: everyone holds its share; the stage is free
+    if (next < map.items) {
+      const ItemDesc dn = decode_item(map, next, in.heads, next_blk);
+      issue_item(in, out, dn, st);
+      if (threadIdx.x == 0) st.desc = dn;
+    }
+    cp_async_commit();
+    next += stride;
+    if (next < map.items) next_blk = load_qblock(tb.qblocks, item_qblock(map, next));
+
+    if constexpr (op == Op::kNvfp4) {
+      if (d.tensor == 2) {
+        nvfp4_v(w, d, col0, out, sm.recip);
+      } else {
+        if (d.tensor == 0)
+          nvfp4_q_mean(d.n, sm.red, sm.mean, out.qbar + (static_cast<int64_t>(d.canonical) * in.heads + d.h) * kHeadDim,
+                       m);
+        nvfp4_rows(w, m, d, out, in.tokens, sm.recip);
+      }
+    } else {
+      if (d.tensor == 2) {
+        fp8_v(w, sv, d, col0, out);
+      } else {
+        fp8_rows(w, m, d, out, in.tokens, sm.red);
+      }
+    }
+    s = s + 1 == kStages ? 0 : s + 1;
   }
 }
 
@@ -701,20 +1040,10 @@ __global__ void __launch_bounds__(kThreads, kQuantizeMinBlocks) quantize_kernel(
 // Host launcher
 // ---------------------------------------------------------------------------------------------
 
-// Threads of launch 2 per (segment, head): enough slices that a long segment's block sums are
-// read by several threads, few enough that 10k short segments do not launch 1024-thread CTAs.
-inline int reduce_slices(int num_qblocks, int segments) {
-  const int per_segment = segments > 0 ? ceil_div(num_qblocks, segments) : 0;
-  int slices = 1;
-  while (slices < kReduceMaxSlices && slices * 4 <= per_segment) slices *= 2;
-  return slices;
-}
-
-// Runs the three launches on `stream`. Zero-size grids are skipped (tokens == 0 launches only
-// launch 2, which writes kbar = 0 for every segment). Returns the first launch error.
+#ifdef __CUDACC__
 // CTAs of the persistent launch 3 on the current device: all that fit at once. The dynamic
-// shared memory opt-in and the occupancy query run once per device and op.
-template <Op op>
+// shared memory opt-in and the occupancy query run once per device, op and stage count.
+template <Op op, int kStages>
 cudaError_t quantize_kernel_ctas(int* ctas) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];
@@ -725,22 +1054,28 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
     *ctas = known;
     return cudaSuccess;
   }
-  const auto kernel = quantize_kernel<op>;
+  const auto kernel = quantize_kernel<op, kStages>;
+  constexpr size_t kSmem = pipe_smem_bytes<kStages>();
   if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmemBytes));
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
       e != cudaSuccess)
     return e;
   int per_sm = 0, sms = 0;
-  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kPipeSmemBytes);
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem);
       e != cudaSuccess)
     return e;
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the ring does not fit this GPU's SMs
   if (const cudaError_t e = sm_count(device, &sms); e != cudaSuccess) return e;
-  *ctas = (per_sm > 0 ? per_sm : 1) * sms;
+  *ctas = per_sm * sms;
   if (device < kMaxDevices) cached[device].store(*ctas, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-template <Op op>
+// Runs the three launches on `stream`. Zero-size grids are skipped (tokens == 0 launches only
+// launch 2, which writes kbar = 0 for every segment). Returns the first launch error.
+// kStages: the ring depth of launch 3 (the binding picks it per architecture: its shared memory,
+// pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
+template <Op op, int kStages>
 cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads;
   if (tiles > 0) {
@@ -749,20 +1084,27 @@ cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
   if (seg_heads > 0) {
-    const int slices = reduce_slices(tb.num_qblocks, tb.segments);
-    segment_reduce_kernel<op><<<static_cast<unsigned>(seg_heads), kHeadDim * slices, 0, stream>>>(in, tb, out);
+    const ReduceShape shape = reduce_shape(tb.num_qblocks, tb.segments);
+    segment_reduce_kernel<op><<<static_cast<unsigned>(seg_heads * shape.split), kHeadDim / shape.split * shape.slices,
+                                0, stream>>>(in, tb, out, shape.split);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
   }
   if (tiles > 0) {
     int ctas = 0;
-    if (const cudaError_t e = quantize_kernel_ctas<op>(&ctas); e != cudaSuccess) return e;
-    const int items = static_cast<int>(3 * tiles);  // the binding keeps 3 * NQB * H <= INT_MAX
-    const unsigned grid = static_cast<unsigned>(items < ctas ? items : ctas);
-    quantize_kernel<op><<<grid, kThreads, kPipeSmemBytes, stream>>>(in, tb, out, items);
+    if (const cudaError_t e = quantize_kernel_ctas<op, kStages>(&ctas); e != cudaSuccess) return e;
+    // The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
+    // FastDiv) stays below 2^31.
+    ItemMap map;
+    map.items = static_cast<int>(3 * tiles);
+    map.num_qblocks = tb.num_qblocks;
+    map.by_heads = FastDiv::make(static_cast<uint32_t>(in.heads));
+    const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
+    quantize_kernel<op, kStages><<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
+#endif  // __CUDACC__
 
 }  // namespace quantize
 }  // namespace flashinfer_h3
