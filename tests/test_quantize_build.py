@@ -377,7 +377,8 @@ extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, co
   const qz::Inputs in{q, k, v, tokens, heads};
   const qz::Tables tb{seg_bounds, vkey_start, qblock_start, qblocks, segments, nqb};
   const int tiles = nqb * heads;
-  auto run = [&](auto out, qz::ReduceShape shape, auto kernel2, auto kernel3) {
+  const qz::ReduceShape shape = qz::reduce_shape(nqb, segments);
+  auto run = [&](auto out, auto kernel2, auto kernel3) {
     if (tiles > 0) run_grid(tiles, qz::kThreads, 0, [&] { qz::block_stats_kernel(in, tb, out); });
     if (segments * heads > 0)
       run_grid(segments * heads * shape.split, qz::kHeadDim / shape.split * shape.slices, 0,
@@ -399,15 +400,13 @@ extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, co
         static_cast<float*>(r[0]),   static_cast<float*>(r[1]),   static_cast<uint8_t*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<uint8_t*>(r[4]), static_cast<uint8_t*>(r[5]),
         static_cast<uint8_t*>(r[6]), static_cast<uint8_t*>(r[7]), v_code_row};
-    run(out, qz::reduce_shape<qz::Op::kNvfp4>(nqb, segments),
-        qz::quantize_kernel<qz::Op::kNvfp4, 2>, qz::quantize_kernel<qz::Op::kNvfp4, 3>);
+    run(out, qz::quantize_kernel<qz::Op::kNvfp4, 2>, qz::quantize_kernel<qz::Op::kNvfp4, 3>);
   } else {
     const qz::Outputs<qz::Op::kFp8> out{
         static_cast<float*>(r[0]),   static_cast<uint8_t*>(r[1]), static_cast<float*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<float*>(r[4]),   static_cast<uint8_t*>(r[5]),
         static_cast<float*>(r[6]),   v_code_row,                  k_scale_row};
-    run(out, qz::reduce_shape<qz::Op::kFp8>(nqb, segments), qz::quantize_kernel<qz::Op::kFp8, 2>,
-        qz::quantize_kernel<qz::Op::kFp8, 3>);
+    run(out, qz::quantize_kernel<qz::Op::kFp8, 2>, qz::quantize_kernel<qz::Op::kFp8, 3>);
   }
   return 0;
 }

@@ -273,8 +273,8 @@ def test_10k_segments(modules, op: str) -> None:
 
 @pytest.mark.parametrize("op", OPS)
 def test_long_segment_means(modules, op: str) -> None:
-    # 240 blocks in one segment: launch 2 adds them in 32 (FP8: 16) thread slices, a head's
-    # channels split over 4 (2) CTAs.
+    # 240 blocks in one segment: launch 2 adds them in 32 thread slices, a head's channels split
+    # over 4 CTAs.
     run_and_check(modules, op, [0, 30_720], heads=4, kind="biased", seed=11)
 
 

@@ -77,6 +77,7 @@ constexpr int kWarps = kThreads / kWarpSize;            // 8
 constexpr int kChanGroups = kHeadDim / kGroup;          // 8 groups of 16 channels per row
 constexpr int kRowSlices = kThreads / kChanGroups;      // 32 row slices of a row tile
 constexpr int kRowsPerThread = kBlockRows / kRowSlices; // 4 rows per thread
+constexpr int kReduceMaxSlices = 32;                    // launch 2: threads adding one channel
 constexpr int kReduceMaxThreads = 1024;                 // launch 2: a CTA's threads
 constexpr float kFp8Max = kE4M3Max;
 
@@ -468,33 +469,24 @@ __global__ void __launch_bounds__(kThreads) block_stats_kernel(Inputs in, Tables
 // Launch 2's shape: `slices` threads add the block sums of one channel (slice i takes blocks
 // b0 + i, b0 + i + slices, ...), and a (segment, head) is split over `split` CTAs of 128 / split
 // channels so that no CTA has more than 1024 threads. Enough slices that a long segment's ~500
-// block sums are read in a few rounds of loads per thread; few enough that 10k short segments do
+// block sums are read in two rounds of 8 loads per thread; few enough that 10k short segments do
 // not launch 1024-thread CTAs.
 struct ReduceShape {
   int slices, split;
 };
 
-// NVFP4's kernel fits 32 registers, so two 1024-thread CTAs an SM and a long segment's S * H * 4
-// CTAs (224 for 56 heads) run in one wave on 132 SMs; FP8's (FP32 pairs) needs more registers,
-// one CTA an SM, so it takes half the slices and S * H * 2 CTAs.
-template <Op op>
-constexpr int reduce_max_slices() {
-  return op == Op::kNvfp4 ? 32 : 16;
-}
-
-template <Op op>
-ReduceShape reduce_shape(int num_qblocks, int segments) {
+inline ReduceShape reduce_shape(int num_qblocks, int segments) {
   const int per_segment = segments > 0 ? ceil_div(num_qblocks, segments) : 0;
   int slices = 1;
-  while (slices < reduce_max_slices<op>() && slices * 4 <= per_segment) slices *= 2;
+  while (slices < kReduceMaxSlices && slices * 4 <= per_segment) slices *= 2;
   const int split = slices * kHeadDim > kReduceMaxThreads ? slices * kHeadDim / kReduceMaxThreads : 1;
   return {slices, split};
 }
 
 // grid S * H * split, blockDim (128 / split) * slices.
 template <Op op>
-__global__ void __launch_bounds__(kReduceMaxThreads, op == Op::kNvfp4 ? 2 : 1)
-    segment_reduce_kernel(Inputs in, Tables tb, Outputs<op> out, int split) {
+__global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Inputs in, Tables tb, Outputs<op> out,
+                                                                            int split) {
   __shared__ double sums[kReduceMaxThreads];
   __shared__ float maxes[kReduceMaxThreads];
   const int channels = kHeadDim / split;  // of this CTA
@@ -508,8 +500,7 @@ __global__ void __launch_bounds__(kReduceMaxThreads, op == Op::kNvfp4 ? 2 : 1)
   // The FP32 block sums are added in FP64 (exact unless they span > 29 binades) in a fixed order:
   // each slice in block order, then the slices in order. A warp reads 32 adjacent channels of one
   // block (128 contiguous bytes for NVFP4, four whole 64-byte runs for FP8), and a thread issues
-  // its loads 8 at a time before adding: a long segment's 15 (FP8: 30) blocks a thread take 2
-  // (4) rounds of memory latency.
+  // its loads 8 at a time before adding (a long segment: 2 rounds of memory latency, not 15).
   constexpr int kBatch = 8;
   double sum = 0.0;
   float vmax = 0.0f;
@@ -1093,7 +1084,7 @@ cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
   if (seg_heads > 0) {
-    const ReduceShape shape = reduce_shape<op>(tb.num_qblocks, tb.segments);
+    const ReduceShape shape = reduce_shape(tb.num_qblocks, tb.segments);
     segment_reduce_kernel<op><<<static_cast<unsigned>(seg_heads * shape.split), kHeadDim / shape.split * shape.slices,
                                 0, stream>>>(in, tb, out, shape.split);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
