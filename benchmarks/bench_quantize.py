@@ -79,11 +79,11 @@ def time_ms(fn, iters: int, warmup: int, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def copy_bandwidth(iters: int, warmup: int) -> float:
+def copy_bandwidth(iters: int, warmup: int, repeats: int) -> float:
     """GB/s of ``dst.copy_(src)`` on 1 GiB: bytes read plus bytes written over the time."""
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), iters, warmup)
+    ms = time_ms(lambda: dst.copy_(src), iters, warmup, repeats)
     return 2 * COPY_BYTES / ms / 1e6
 
 
@@ -114,7 +114,10 @@ def kernel_times(fn, iters: int) -> dict[str, float]:
         if total is None:
             total = getattr(evt, "cuda_time_total", 0.0)
         if total:
-            out[evt.key[:90]] = total / iters
+            # "quantize_kernel<(Op)0, (Pass)1, 3>(...)": the namespaces dropped, the template
+            # arguments kept (they tell the two tile passes apart).
+            name = evt.key.replace("void ", "").replace("flashinfer_h3::quantize::", "")
+            out[name.split("(Inputs")[0][:90]] = total / iters
     return out
 
 
@@ -138,7 +141,7 @@ def bench_op(
     def call() -> None:
         fn(q, k, v, *plan.args, *regions)
 
-    ms = time_ms(call, args.iters, args.warmup)
+    ms = time_ms(call, args.iters, args.warmup, args.repeats)
     used = R.trim_stages(op, views, bounds)
     out_bytes = sum(t.numel() * t.element_size() for t in used.values())
     in_bytes = 3 * q.numel() * q.element_size()
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--ops", nargs="+", default=["nvfp4", "fp8"], choices=["nvfp4", "fp8"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds; the median is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--standalone", action="store_true", help="build the pre-pass alone")
     p.add_argument(
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     q, k, v = (torch.randn(T, H, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
-    copy_gbps = copy_bandwidth(args.iters, args.warmup)
+    copy_gbps = copy_bandwidth(args.iters, args.warmup, args.repeats)
 
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session on an H200: every GPU test, the benchmarks and the sanitizers, logs in $OUT.
 # Usage (from the repository root, with the tvm-ffi cp312 wheel in .whl/ when it is not installed):
-#   OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|all]
+#   OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|profile|all]
+# (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; not part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -19,7 +20,8 @@ export PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
     git log -1 --format='commit %H %s' 2>/dev/null || true
     python3 -m flashinfer_h3 info
-    python3 -m flashinfer_h3 warmup --op nvfp4,fp8,utils
+    # profile builds the pre-pass alone (--standalone), without the attention kernel.
+    [[ $what == profile ]] || python3 -m flashinfer_h3 warmup --op nvfp4,fp8,utils
 } 2>&1 | tee "$OUT/info.log"
 
 if [[ $what == all || $what == tests ]]; then
@@ -34,7 +36,11 @@ fi
 
 if [[ $what == all || $what == bench ]]; then
     {
-        timeout 90 python3 benchmarks/bench_quantize.py --json "$OUT/bench_quantize.json"
+        timeout 90 python3 benchmarks/bench_quantize.py --profile --json "$OUT/bench_quantize.json"
+        # The other presets' shapes: h3-15s-sp4 and h3-mix (six packed requests).
+        timeout 90 python3 benchmarks/bench_quantize.py --tokens 92160 --heads 14
+        timeout 90 python3 benchmarks/bench_quantize.py --heads 56 \
+            --bounds 0 30720 46080 55296 59392 60928 61261
         timeout 60 python3 benchmarks/bench_host_overhead.py
         for preset in h3-10s h3-15s-sp4 h3-mix; do
             timeout 120 python3 -m flashinfer_h3 bench --op nvfp4 --preset "$preset" --iters 3 \
@@ -62,4 +68,19 @@ PY
             echo "compute-sanitizer $tool exit=$?"
         done
     } 2>&1 | tail -n 40 | tee "$OUT/sanitize.log"
+fi
+
+if [[ $what == profile ]]; then
+    # Nsight Compute of the pre-pass kernels (one call of each op), clocks left alone. The report
+    # and two text pages (details; per-SASS-instruction stall samples of launch 3) land in $OUT.
+    {
+        timeout 400 ncu --clock-control none --set full --import-source no \
+            -k 'regex:quantize_kernel|block_stats_kernel' --launch-count 4 -f -o "$OUT/quantize" \
+            python3 benchmarks/bench_quantize.py --standalone --iters 1 --warmup 0 --repeats 1
+        ncu --import "$OUT/quantize.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+        ncu --import "$OUT/quantize.ncu-rep" --page source --csv --print-source sass \
+            > "$OUT/ncu_sass.csv" 2>&1
+        ls -la "$OUT"
+        timeout 120 python3 benchmarks/bench_quantize.py --standalone --profile --json "$OUT/bench_quantize.json"
+    } 2>&1 | tee "$OUT/profile.log"
 fi

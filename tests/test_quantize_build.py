@@ -13,8 +13,9 @@ CTAs one at a time, cp.async copies applied at the wait or eagerly at the issue)
 - the shortcuts of the NVFP4 group quantizer are checked for every float: the FP32-pipe E2M1
   encoder against formats.cuh's, and the FMA division by 6 against a correctly rounded one;
 - the group quantizer matches formats.py on random and adversarial groups;
-- the three launches, emulated, produce outputs that pass the GPU test's own checks
-  (test_quantize_gpu.check_call: bit-exact codes and scales, means, untouched unused bytes).
+- the three launches (tile pass 1, reduce, tile pass 2), emulated, produce outputs that pass
+  the GPU test's own checks (test_quantize_gpu.check_call: bit-exact codes and scales, means,
+  untouched unused bytes).
 
 ``render_quantize`` / ``build_quantize_so`` are also used by the GPU test and the benchmark to
 build the pre-pass alone (the nvfp4 module of the JIT also needs the attention template).
@@ -35,7 +36,7 @@ import pytest
 QUANTIZE_TEMPLATE = "quantize.cu.jinja"
 OPS = ("nvfp4", "fp8")
 ARCHS = ("sm_90a", "sm_120a")
-KERNELS = ("block_stats_kernel", "segment_reduce_kernel", "quantize_kernel")
+KERNELS = ("segment_reduce_kernel", "quantize_kernel")
 TILE_KERNEL_MAX_REGISTERS = 128  # 2 CTAs of 256 threads an SM (__launch_bounds__(256, 2))
 
 
@@ -86,28 +87,37 @@ def build_quantize_so(
 
 
 def parse_ptxas(log: str) -> dict[tuple[str, str], dict[str, int]]:
-    """``{(kernel short name, arch): {registers, stack, spill_stores, spill_loads}}``."""
-    out: dict[tuple[str, str], dict[str, int]] = {}
-    current = None
+    """``{(kernel short name, arch): {registers, stack, spill_stores, spill_loads, instances}}``.
+
+    A kernel instantiated more than once (the tile kernel: one per pass) reports the largest
+    value of each resource over its instances.
+    """
+    entries: list[tuple[tuple[str, str], dict[str, int]]] = []
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\S+)' for '(sm_\w+)'", line)
         if m:
             name = next((k for k in KERNELS if k in m.group(1)), m.group(1))
-            current = (name, m.group(2))
-            out[current] = {}
+            entries.append(((name, m.group(2)), {}))
             continue
-        if current is None:
+        if not entries:
             continue
+        info = entries[-1][1]
         m = re.search(
             r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
         )
         if m:
-            out[current].update(
+            info.update(
                 stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
             )
         m = re.search(r"Used (\d+) registers", line)
         if m:
-            out[current]["registers"] = int(m.group(1))
+            info["registers"] = int(m.group(1))
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for key, info in entries:
+        merged = out.setdefault(key, {"instances": 0})
+        merged["instances"] += 1
+        for name, value in info.items():
+            merged[name] = max(merged.get(name, value), value)
     return out
 
 
@@ -147,7 +157,9 @@ def test_compiles_within_budget(builds, op: str, arch: str) -> None:
             f"{op} {arch} {kernel} uses local memory: {info}"
         )
         assert 0 < info["registers"] <= 255
-    assert usage[("quantize_kernel", arch)]["registers"] <= TILE_KERNEL_MAX_REGISTERS
+    tile = usage[("quantize_kernel", arch)]
+    assert tile["registers"] <= TILE_KERNEL_MAX_REGISTERS
+    assert tile["instances"] == 2, "one tile kernel per pass (Q and statistics; K and V)"
 
 
 def _sass(so: Path) -> str:
@@ -298,7 +310,7 @@ namespace flashinfer_h3 {
 namespace quantize {
 
 static int g_copy_mode = 0;
-struct Copy { void* dst; const void* src; uint32_t bytes; };
+struct Copy { void* dst; const void* src; uint32_t bytes, size; };
 thread_local std::vector<std::vector<Copy>> t_groups;  // committed, oldest first
 thread_local std::vector<Copy> t_open;
 static std::vector<unsigned char> g_smem;
@@ -306,12 +318,16 @@ static std::vector<unsigned char> g_smem;
 static void apply(const Copy& c) {
   unsigned char buf[16] = {0};
   memcpy(buf, c.src, c.bytes);
-  memcpy(c.dst, buf, 16);
+  memcpy(c.dst, buf, c.size);
+}
+static void enqueue(const Copy& c) {
+  if (g_copy_mode == 1) apply(c); else t_open.push_back(c);
 }
 void emulated_cp_async_16(void* dst, const void* src, uint32_t bytes) {
   if (bytes != 0 && bytes != 16) abort();
-  if (g_copy_mode == 1) apply({dst, src, bytes}); else t_open.push_back({dst, src, bytes});
+  enqueue({dst, src, bytes, 16});
 }
+void emulated_cp_async_4(void* dst, const void* src) { enqueue({dst, src, 4, 4}); }
 void emulated_cp_async_commit() { t_groups.push_back(t_open); t_open.clear(); }
 void emulated_cp_async_wait(int pending) {
   while (static_cast<int>(t_groups.size()) > pending) {
@@ -368,6 +384,36 @@ static void run_grid(int grid, int block, size_t smem_bytes, F&& body) {
 }
 
 // The three launches of launch_quantize (whose <<<>>> syntax a host compiler cannot read).
+template <qz::Op op, qz::Pass pass, int kStages>
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap) {
+  const qz::ItemMap map = qz::make_item_map<op, pass>(tb, in.heads);
+  const int grid = map.items < grid_cap ? map.items : grid_cap;
+  run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<kStages>(),
+           [&] { qz::quantize_kernel<op, pass, kStages>(in, tb, out, map); });
+}
+
+template <qz::Op op, qz::Pass pass>
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap,
+                          int stages) {
+  if (stages == 2)
+    emulate_tiles<op, pass, 2>(in, tb, out, grid_cap);
+  else
+    emulate_tiles<op, pass, 3>(in, tb, out, grid_cap);
+}
+
+template <qz::Op op>
+static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap,
+                             int stages) {
+  const int tiles = tb.num_qblocks * in.heads;
+  if (tiles > 0) emulate_tiles<op, qz::Pass::kQAndStats>(in, tb, out, grid_cap, stages);
+  if (tb.segments * in.heads > 0) {
+    const qz::ReduceShape shape = qz::reduce_shape(tb.num_qblocks, tb.segments);
+    run_grid(tb.segments * in.heads * shape.split, qz::kHeadDim / shape.split * shape.slices, 0,
+             [&] { qz::segment_reduce_kernel(in, tb, out, shape.split); });
+  }
+  if (tiles > 0) emulate_tiles<op, qz::Pass::kKAndV>(in, tb, out, grid_cap, stages);
+}
+
 extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 int64_t tokens, int heads, const int* seg_bounds,
                                 const int* vkey_start, const int* qblock_start, const int* qblocks,
@@ -376,37 +422,18 @@ extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, co
   qz::g_copy_mode = copy_mode;
   const qz::Inputs in{q, k, v, tokens, heads};
   const qz::Tables tb{seg_bounds, vkey_start, qblock_start, qblocks, segments, nqb};
-  const int tiles = nqb * heads;
-  const qz::ReduceShape shape = qz::reduce_shape(nqb, segments);
-  auto run = [&](auto out, auto kernel2, auto kernel3) {
-    if (tiles > 0) run_grid(tiles, qz::kThreads, 0, [&] { qz::block_stats_kernel(in, tb, out); });
-    if (segments * heads > 0)
-      run_grid(segments * heads * shape.split, qz::kHeadDim / shape.split * shape.slices, 0,
-               [&] { qz::segment_reduce_kernel(in, tb, out, shape.split); });
-    if (tiles > 0) {
-      qz::ItemMap map;
-      map.items = 3 * tiles;
-      map.num_qblocks = nqb;
-      map.by_heads = qz::FastDiv::make(static_cast<uint32_t>(heads));
-      const int grid = map.items < grid_cap ? map.items : grid_cap;
-      if (stages == 2)
-        run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<2>(), [&] { kernel2(in, tb, out, map); });
-      else
-        run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<3>(), [&] { kernel3(in, tb, out, map); });
-    }
-  };
   if (op == 0) {
     const qz::Outputs<qz::Op::kNvfp4> out{
         static_cast<float*>(r[0]),   static_cast<float*>(r[1]),   static_cast<uint8_t*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<uint8_t*>(r[4]), static_cast<uint8_t*>(r[5]),
         static_cast<uint8_t*>(r[6]), static_cast<uint8_t*>(r[7]), v_code_row};
-    run(out, qz::quantize_kernel<qz::Op::kNvfp4, 2>, qz::quantize_kernel<qz::Op::kNvfp4, 3>);
+    emulate_launches(in, tb, out, grid_cap, stages);
   } else {
     const qz::Outputs<qz::Op::kFp8> out{
         static_cast<float*>(r[0]),   static_cast<uint8_t*>(r[1]), static_cast<float*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<float*>(r[4]),   static_cast<uint8_t*>(r[5]),
         static_cast<float*>(r[6]),   v_code_row,                  k_scale_row};
-    run(out, qz::quantize_kernel<qz::Op::kFp8, 2>, qz::quantize_kernel<qz::Op::kFp8, 3>);
+    emulate_launches(in, tb, out, grid_cap, stages);
   }
   return 0;
 }

@@ -2,32 +2,39 @@
 // k, 128-row block means of q, smoothing, and the NVFP4 / FP8 codes and scales of Q, K and V,
 // written into the workspace regions of flashinfer_h3/layout.py.
 //
-// Three launches per call, all on the caller's stream:
+// Three launches per call, all on the caller's stream; 1 and 3 are the same persistent tile
+// kernel (quantize_kernel) with different item kinds:
 //
-//   1. block_stats_kernel     grid NQB x H   per (128-row block, head): the block's column sums of
-//                                            k (and, for FP8, the column amax of v) -> scratch
-//   2. segment_reduce_kernel  grid S x H x   per (segment, head, channel part): kbar = sum / L
-//                             parts          (FP64 sum of the block sums, fixed order), FP8 V
-//                                            scales amax / 448
-//   3. quantize_kernel        persistent     per (128-row block, head, tensor) item: one 128 x 128
-//                                            tile of q, k or v -> codes and scales (qbar for
-//                                            NVFP4 Q); the next tiles are copied in meanwhile
+//   1. quantize_kernel<Pass::kQAndStats>  per (128-row block, head): the Q tile (codes, scales and,
+//                                         for NVFP4, the block mean qbar) and the block's column
+//                                         statistics: sums of k (and, for FP8, amax of |v|, a
+//                                         separate item) -> scratch
+//   2. segment_reduce_kernel              per (segment, head, channel part): kbar = sum / L (FP64
+//                                         sum of the block sums, fixed order), FP8 V scales
+//   3. quantize_kernel<Pass::kKAndV>      per (128-row block, head): the K' = k - kbar tile and
+//                                         the V tile
 //
-// A 61k-token segment is thus never summed by one CTA: launch 1 is fully parallel and launch 2
-// adds the ~500 block partials of a channel in 32 parallel slices. Every sum has a fixed order
-// (no atomics), so the means are deterministic for a given shape.
+// Why this split: the statistics need the whole segment before any K' (or FP8 V) code, so k (and
+// v) is read twice for a long segment. Reading it again in launch 1, next to the Q tiles, whose
+// quantization is issue-bound and leaves DRAM bandwidth unused, hides that second read; a
+// separate statistics launch cost about 15 % of the pre-pass on an H200. Launch 1 walks the
+// schedule-order block table backwards and launch 3 forwards, so launch 3's first k (and v) rows
+// are the ones launch 1 read last, still in L2.
 //
-// Scratch without extra regions. Launch 1's partials live in bytes that launch 3 overwrites
-// completely, so no workspace region is added and the binding keeps the design.md signatures:
-//   NVFP4: the k column sums of canonical block cb go to qbar[cb, h, :] (the Q tiles of launch 3
-//          then write the real q means there; NQB <= q_blocks_cap rows).
-//   FP8:   (k column sum, v column amax) of block cb, channel c go to the 8 bytes at
-//          v_codes[h, c / 8, 64 cb + 8 (c % 8) : + 8] (FP32 pair): a block's 128 channels are
-//          16 runs of 64 bytes, so launch 1 writes and launch 2 reads whole sectors. These lie in
-//          the used columns [0, vkey_start[S]) since vkey_start[S] >= 64 * NQB, and launch 3's V
-//          tiles write every one of those columns.
-// Nothing outside the layout's used bytes is ever written: rows of qbar past NQB, V columns past
-// vkey_start[S] and the gaps between regions stay as they were.
+// A 61k-token segment is never summed by one CTA: launch 1's block statistics are fully parallel
+// and launch 2 adds the ~500 block partials of a channel in 32 parallel slices. Every sum has a
+// fixed order (no atomics), so the means are deterministic for a given shape.
+//
+// Scratch without extra regions: launch 1 parks the statistics of canonical block cb, channel c,
+// head h in row (h, c / 8) of v_codes, which only launch 3 writes:
+//   NVFP4: the k column sum, a float at byte 32 cb + 4 (c % 8);
+//   FP8:   (k column sum, v column amax), two floats at byte 64 cb + 8 (c % 8).
+// A block's 128 channels are thus 16 runs of 32 (64) bytes, whole sectors for launch 2. They lie
+// in the used columns [0, vkey_start[S]) (vkey_start[S] >= 64 NQB keys, i.e. 32 NQB NVFP4 bytes
+// and 64 NQB FP8 bytes), and launch 3's V tiles write every one of those columns. So the binding
+// keeps the design.md signatures, and nothing outside the layout's used bytes is ever written:
+// rows of qbar past NQB, V columns past vkey_start[S] and the gaps between regions stay as they
+// were.
 //
 // Workspace layout written (see layout.py for shapes; T tokens, H heads, c channel):
 //   NVFP4  q_codes/k_codes [H, T, 64]   row (h, t): 64 bytes, channel 2i in the low nibble of byte i
@@ -40,8 +47,8 @@
 //   FP8    q_codes/k_codes [H, T, 128] E4M3; q_scales [H, T] and k_scales [H, cap] FP32
 //          v_codes [H, 128, nvk] E4M3, v_scales [S, H, 128] FP32, kbar as above
 // Stores are coalesced for the attention kernels' row-major reads: a warp writes whole 64-byte
-// (128-byte) Q/K code rows, consecutive rows adjacent; a V row gets 16 (32) contiguous bytes of
-// codes per thread, the other half of an NVFP4 32-byte sector coming from the next key quarter.
+// (128-byte) Q/K code rows, consecutive rows adjacent, and whole 32-byte sectors of V code rows
+// (see VThread).
 //
 // Numerics: the element path is bit-exact to SPEC 3/4 (formats.cuh conversions, explicit
 // __f*_rn steps, never --use_fast_math): the smoothing is __fsub_rn, FP8 uses __fdiv_rn,
@@ -89,6 +96,7 @@ static_assert(kRowSlices == 32, "the slice reductions below are a 5-level tree")
 // Supplied by host builds of this header (the CPU emulation test); never defined or called in
 // a CUDA build, whose device code uses the instructions instead.
 void emulated_cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes);
+void emulated_cp_async_4(void* smem_dst, const void* gmem_src);
 void emulated_cp_async_commit();
 void emulated_cp_async_wait(int pending);
 void* emulated_dynamic_smem();
@@ -163,92 +171,6 @@ __device__ __forceinline__ QBlock load_qblock(const int* qblocks, int i) {
 // bf16 -> f32 is exact: the bf16 bits are the upper half of the f32.
 __device__ __forceinline__ float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
-
-__device__ __forceinline__ void unpack_bf16x16(const uint4 (&raw)[2], float (&x)[16]) {
-  const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    x[2 * i] = bf16_lo(w[i]);
-    x[2 * i + 1] = bf16_hi(w[i]);
-  }
-}
-
-// Read-only, read-once input: the non-coherent path keeps it out of L1.
-__device__ __forceinline__ uint4 load_input16(const uint16_t* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
-
-// A thread's share of a 128-row x 128-channel bf16 tile: channel group j = tid % 8 (16 channels,
-// 32 bytes), rows rs + 32 i for rs = tid / 8. A warp reads 4 whole 256-byte rows per load step.
-struct RowTile {
-  uint4 raw[kRowsPerThread][2];
-  int j, rs;
-
-  __device__ __forceinline__ int row(int i) const { return rs + kRowSlices * i; }
-
-  // Rows >= n are not loaded (their registers are zeroed so no garbage is ever used).
-  __device__ __forceinline__ void load(const uint16_t* base, int64_t row_begin, int n, int heads, int h) {
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      if (row(i) < n) {
-        const uint16_t* p = base + ((row_begin + row(i)) * heads + h) * kHeadDim + j * kGroup;
-        raw[i][0] = load_input16(p);
-        raw[i][1] = load_input16(p + 8);
-      } else {
-        raw[i][0] = raw[i][1] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-};
-
-__device__ __forceinline__ RowTile make_row_tile() {
-  RowTile t;
-  t.j = threadIdx.x % kChanGroups;
-  t.rs = threadIdx.x / kChanGroups;
-  return t;
-}
-
-struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
-};
-struct MaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Combines the per-thread channel partials of a RowTile over its 32 row slices. Every thread
-// passes part[16] (its channels j*16..j*16+15); afterwards thread c < 128 returns channel c's
-// total, combined by a fixed 5-level tree (deterministic; for sums its error is about 5 roundings
-// instead of 31). `red` is 32 x 128 floats of shared memory; the call ends with a barrier so the
-// caller may reuse it.
-template <class Combine>
-__device__ __forceinline__ float combine_row_slices(const float (&part)[kGroup], float* red, Combine op) {
-  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
-  float4* dst = reinterpret_cast<float4*>(red + rs * kHeadDim + j * kGroup);
-#pragma unroll
-  for (int e = 0; e < kGroup / 4; ++e)
-    dst[e] = make_float4(part[4 * e], part[4 * e + 1], part[4 * e + 2], part[4 * e + 3]);
-  __syncthreads();
-  float total = 0.0f;
-  if (threadIdx.x < kHeadDim) {
-    float v[kRowSlices];
-#pragma unroll
-    for (int s = 0; s < kRowSlices; ++s) v[s] = red[s * kHeadDim + threadIdx.x];
-    // One loop per level: a loop over the levels is not unrolled by nvcc and v[] then goes to
-    // local memory.
-#pragma unroll
-    for (int s = 0; s < 16; ++s) v[s] = op(v[s], v[s + 16]);
-#pragma unroll
-    for (int s = 0; s < 8; ++s) v[s] = op(v[s], v[s + 8]);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) v[s] = op(v[s], v[s + 4]);
-    v[0] = op(v[0], v[2]);
-    v[1] = op(v[1], v[3]);
-    v[0] = op(v[0], v[1]);
-    total = v[0];
-  }
-  __syncthreads();
-  return total;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Group quantizers (bit-exact; formats.cuh / formats.py are the references)
@@ -403,63 +325,15 @@ __device__ __forceinline__ uint4 fp8_codes16(const float (&x)[kGroup], const Fp8
 }
 
 // ---------------------------------------------------------------------------------------------
-// Where launch 1 parks its per-block partials (see the file comment)
+// Where launch 1 parks the block statistics (see the file comment)
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ float* nvfp4_k_sum_slot(const Outputs<Op::kNvfp4>& o, int cb, int heads, int h,
-                                                   int c) {
-  return o.qbar + (static_cast<int64_t>(cb) * heads + h) * kHeadDim + c;
-}
-
-__device__ __forceinline__ float2* fp8_stats_slot(const Outputs<Op::kFp8>& o, int cb, int h, int c) {
-  return reinterpret_cast<float2*>(o.v_codes + (static_cast<int64_t>(h) * kHeadDim + c / 8) * o.v_code_row) +
-         static_cast<int64_t>(cb) * 8 + c % 8;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Launch 1: per-(block, head) column sums of k (FP8: also the column amax of v)
-// ---------------------------------------------------------------------------------------------
-
+// The k column sum of canonical block cb, channel c; for FP8 the v column amax follows it.
 template <Op op>
-__global__ void __launch_bounds__(kThreads) block_stats_kernel(Inputs in, Tables tb, Outputs<op> out) {
-  __shared__ __align__(16) float red[kRowSlices * kHeadDim];
-  const int h = static_cast<int>(blockIdx.x % in.heads);
-  const QBlock blk = load_qblock(tb.qblocks, static_cast<int>(blockIdx.x / in.heads));
-  const int n = blk.row_end - blk.row_begin;
-
-  RowTile kt = make_row_tile();
-  kt.load(in.k, blk.row_begin, n, in.heads, h);
-  RowTile vt = make_row_tile();
-  if constexpr (op == Op::kFp8) vt.load(in.v, blk.row_begin, n, in.heads, h);
-
-  // Rows past n hold zeros, which add nothing (and cannot raise an amax of |v|).
-  float part[kGroup];
-#pragma unroll
-  for (int e = 0; e < kGroup; ++e) part[e] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    float x[kGroup];
-    unpack_bf16x16(kt.raw[i], x);
-#pragma unroll
-    for (int e = 0; e < kGroup; ++e) part[e] = __fadd_rn(part[e], x[e]);
-  }
-  const float ksum = combine_row_slices(part, red, SumOp{});
-
-  if constexpr (op == Op::kNvfp4) {
-    if (threadIdx.x < kHeadDim) *nvfp4_k_sum_slot(out, blk.canonical, in.heads, h, threadIdx.x) = ksum;
-  } else {
-#pragma unroll
-    for (int e = 0; e < kGroup; ++e) part[e] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      float x[kGroup];
-      unpack_bf16x16(vt.raw[i], x);
-#pragma unroll
-      for (int e = 0; e < kGroup; ++e) part[e] = fmaxf(part[e], fabsf(x[e]));
-    }
-    const float vmax = combine_row_slices(part, red, MaxOp{});
-    if (threadIdx.x < kHeadDim) *fp8_stats_slot(out, blk.canonical, h, threadIdx.x) = make_float2(ksum, vmax);
-  }
+__device__ __forceinline__ float* stats_slot(const Outputs<op>& o, int cb, int h, int c) {
+  constexpr int kFloats = op == Op::kNvfp4 ? 1 : 2;
+  return reinterpret_cast<float*>(o.v_codes + (static_cast<int64_t>(h) * kHeadDim + c / 8) * o.v_code_row) +
+         (static_cast<int64_t>(cb) * 8 + c % 8) * kFloats;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +373,7 @@ __global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Input
 
   // The FP32 block sums are added in FP64 (exact unless they span > 29 binades) in a fixed order:
   // each slice in block order, then the slices in order. A warp reads 32 adjacent channels of one
-  // block (128 contiguous bytes for NVFP4, four whole 64-byte runs for FP8), and a thread issues
+  // block (four whole 32-byte runs for NVFP4, four 64-byte runs for FP8), and a thread issues
   // its loads 8 at a time before adding (a long segment: 2 rounds of memory latency, not 15).
   constexpr int kBatch = 8;
   double sum = 0.0;
@@ -512,9 +386,9 @@ __global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Input
       part[u] = make_float2(0.0f, 0.0f);
       if (cb < b1) {
         if constexpr (op == Op::kNvfp4) {
-          part[u].x = *nvfp4_k_sum_slot(out, cb, in.heads, h, c);
+          part[u].x = *stats_slot(out, cb, h, c);
         } else {
-          part[u] = *fp8_stats_slot(out, cb, h, c);
+          part[u] = *reinterpret_cast<const float2*>(stats_slot(out, cb, h, c));
         }
       }
     }
@@ -539,25 +413,26 @@ __global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Input
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch 3: 128 x 128 tiles of q, k and v, streamed through a shared-memory ring
+// Launches 1 and 3: 128 x 128 tiles of q, k and v, streamed through a shared-memory ring
 // ---------------------------------------------------------------------------------------------
 //
-// Launch 3 is persistent: CTA b takes items b, b + G, b + 2G, ... (G = gridDim.x), item =
-// ((NQB - 1 - q block (schedule order)) * 3 + tensor) * H + head, tensor 0 q, 1 k, 2 v (see
-// item_qblock for the backward order). Neighbouring CTAs thus read neighbouring 256-byte pieces
-// of the same token rows, and every SM works on a mix of Q tiles (the heaviest: the mean
-// first) and K and V tiles at any time.
+// The tile kernel is persistent: CTA b takes items b, b + G, b + 2G, ... (G = gridDim.x), item =
+// (block step * kinds + kind) * H + head, where the block step walks the schedule-order block
+// table (backwards in launch 1, forwards in launch 3: item_qblock) and the kinds of a pass are
+// those of pass_kind. Neighbouring CTAs thus read neighbouring 256-byte pieces of the same token
+// rows, and every SM works on a mix of kinds at any time.
 //
-// Each CTA keeps kStages tiles in flight. Its shared memory is a ring of kStages stages (a 32 KB
-// bf16 tile, the 512-byte row of means or scales the item needs, and the item's descriptor),
-// filled by cp.async kStages items ahead. An item is handled as
-//     wait for its stage -> barrier -> copy the thread's 128 bytes into registers -> barrier ->
-//     refill the stage with the item kStages ahead -> quantize from registers and store,
-// so the stage is busy only while its copy is in flight: kStages tiles (96 KB with 3 stages) are
-// being loaded during the whole compute, about 4x the ~25 KB an H200 SM needs in flight to
-// cover the DRAM latency at 4.3 TB/s, and two CTAs an SM overlap each other's barriers. (The
-// previous double buffer quantized out of shared memory and so kept one tile per CTA in flight
-// while computing; it streamed at about 3.0 TB/s.)
+// Each CTA keeps kStages - 1 tiles in flight. Its shared memory is a ring of kStages stages (a
+// 32 KB bf16 tile, the 512-byte row of means or scales the item needs, and the item's
+// descriptor), filled by cp.async. Item i is handled as
+//     wait for its stage -> barrier -> refill the stage item i - 1 used with item i - 1 + kStages
+//     -> copy the thread's 128 bytes into registers -> quantize from registers and store,
+// so one barrier an item suffices (Q tiles, the statistics and FP8 K add one for their
+// cross-thread sums): the barrier that opens item i also proves that every thread is done with
+// item i - 1's stage. With 3 stages, two tiles per CTA (128 KB an SM) are being loaded during
+// the whole compute, about 5x the ~25 KB an H200 SM needs in flight to cover the DRAM latency at
+// 4.3 TB/s, and two CTAs an SM overlap each other's barriers. (A second barrier per item, to free
+// the stage right after the copy, cost ~13 % of the samples in barrier stalls in an ncu profile.)
 //
 // The element work is written for few instructions, most on the FP32 pipe (see e2m1_top_nibble):
 // a 128 x 128 NVFP4 tile is 16k encodes, and with formats.cuh's integer encoder (~20
@@ -566,19 +441,22 @@ __global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Input
 // a V tile ~1000: about 80 % of the time an SM needs to stream the tile at 4.3 TB/s.
 //
 // Shared-memory tile layout: row r (a token), 16-byte chunk c (channels 8c..8c+7) at chunk
-// r * 16 + (c ^ ((c >> 3) & 1)). The swizzle makes both register copies conflict-free: a row
-// tile thread reads chunks 2j and 2j + 1 of its row (8 lanes a phase cover all 32 banks), a V
-// thread reads one 4-byte channel pair of a key row (a warp covers 128 contiguous bytes).
+// r * 16 + swizzle_chunk(c, r), c ^ ((c >> 3) & 1) ^ (((r >> 4) & 1) << 2). The swizzle makes
+// both register copies conflict-free: a row tile thread reads chunks 2j and 2j + 1 of its row (8
+// lanes a phase cover all 32 banks); a column thread (VThread) reads 8 bytes of a key row, and a
+// half-warp covers 64 bytes of each of two key rows 16 apart, which the second term puts in
+// opposite halves of the banks.
 
 constexpr int kRowChunks = kHeadDim * 2 / 16;            // 16-byte chunks per bf16 row
 constexpr int kTileChunks = kBlockRows * kRowChunks;     // 2048 (32 KB)
 constexpr int kLoadsPerThread = kTileChunks / kThreads;  // 8 cp.async a thread a tile
-constexpr int kVQuarterKeys = kBlockRows / 4;            // keys of a V thread: a quarter block
-constexpr int kRawWords = 32;                            // bf16 pairs a thread holds (128 bytes)
+constexpr int kRawWords = 32;                            // bf16 pairs a row tile thread holds (128 bytes)
+constexpr int kKeyChunks = kBlockRows / kGroup;          // 8 chunks of 16 keys (column threads)
+constexpr int kChanQuads = kHeadDim / 4;                 // 32 quads of 4 channels (column threads)
 static_assert(kRawWords * 4 * kThreads == kBlockRows * kHeadDim * 2, "every tile byte in one register");
-static_assert(kVQuarterKeys == kRawWords && 2 * kGroup == kVQuarterKeys, "a V thread: 2 groups, 2 channels");
+static_assert(kKeyChunks * kChanQuads == kThreads, "a column thread: 16 keys x 4 channels");
 
-__host__ __device__ constexpr int swizzle_chunk(int c) { return c ^ ((c >> 3) & 1); }
+__host__ __device__ constexpr int swizzle_chunk(int c, int r) { return c ^ ((c >> 3) & 1) ^ (((r >> 4) & 1) << 2); }
 
 // Division by a runtime divisor d >= 1 for 0 <= n < 2^31 with a multiply-high (the item index
 // is decoded every iteration; IMAD.HI + IADD + SHF instead of a ~20-instruction division):
@@ -596,26 +474,65 @@ struct FastDiv {
   }
 };
 
+// What a tile item does. Launch 1 (Pass::kQAndStats) needs nothing from earlier launches; launch
+// 3 (Pass::kKAndV) needs kbar and, for FP8, the V scales of launch 2.
+enum class Kind : int {
+  kQ,       // Q codes and scales (NVFP4: of Q' = q - qbar, and qbar itself)
+  kK,       // K' = k - kbar codes and scales
+  kV,       // V codes and scales
+  kKStats,  // column sums of the k tile -> stats_slot
+  kVStats,  // FP8: column amax of |v| -> stats_slot + 1
+};
+enum class Pass { kQAndStats, kKAndV };
+
+template <Op op, Pass pass>
+constexpr int pass_kinds() {
+  return pass == Pass::kKAndV ? 2 : op == Op::kNvfp4 ? 2 : 3;
+}
+
+// Kind number i (< pass_kinds) of a pass: launch 1 {Q, k stats (, v stats)}, launch 3 {K, V}.
+template <Pass pass>
+__device__ __forceinline__ Kind pass_kind(int i) {
+  if constexpr (pass == Pass::kKAndV) return i == 0 ? Kind::kK : Kind::kV;
+  return i == 0 ? Kind::kQ : i == 1 ? Kind::kKStats : Kind::kVStats;
+}
+
 struct ItemMap {
-  int items;  // 3 * NQB * H
+  int items;  // pass_kinds * NQB * H
   int num_qblocks;
   FastDiv by_heads;
 };
 
+// The items of a tile launch: pass_kinds per (block, head) pair.
+template <Op op, Pass pass>
+inline ItemMap make_item_map(const Tables& tb, int heads) {
+  ItemMap map;
+  map.items = pass_kinds<op, pass>() * tb.num_qblocks * heads;
+  map.num_qblocks = tb.num_qblocks;
+  map.by_heads = FastDiv::make(static_cast<uint32_t>(heads));
+  return map;
+}
+
 struct alignas(16) ItemDesc {
-  int tensor, h, segment, row_begin, n, canonical, pad0, pad1;
+  Kind kind;
+  int h, segment, row_begin, n, canonical, pad0, pad1;
 };
 
+// A V item's two table entries come into its stage by cp.async with the tile: loaded by thread 0
+// with plain loads, they made its warp, and so everyone's next barrier, wait an L2 round trip
+// per item (long-scoreboard stalls were ~30 % of the warp samples in an ncu profile).
 struct Stage {
-  uint4 tile[kTileChunks];  // bf16 rows, chunk-swizzled (see above)
-  float aux[kHeadDim];      // K: kbar[segment, h, :]; FP8 V: v_scales[segment, h, :]
-  ItemDesc desc;            // written by thread 0 when the stage is filled
+  uint4 tile[kTileChunks];    // bf16 rows, chunk-swizzled (see above)
+  float aux[kHeadDim];        // K: kbar[segment, h, :]; FP8 V: v_scales[segment, h, :]
+  int vkey_start, seg_start;  // V: vkey_start[segment], seg_bounds[segment]
+  int pad[2];
+  ItemDesc desc;              // written by thread 0 when the stage is filled
 };
 
 template <int kStages>
 struct PipeSmem {
   Stage stage[kStages];
-  float red[kWarps][kHeadDim];  // NVFP4 Q: column sums of each key quarter; FP8 K: amax of each warp
+  float red[kKeyChunks][kHeadDim];  // column statistics of each key chunk; FP8 K: amax of each warp
   float mean[kHeadDim];         // NVFP4 Q: the block mean
   float recip[128];             // NVFP4: nvfp4_recip_scaled of each UE4M3 code
 };
@@ -635,6 +552,16 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                : "memory");
 #else
   emulated_cp_async_16(smem_dst, gmem_src, src_bytes);
+#endif
+}
+
+// PTX ISA 9.0 §9.7.9.25.3: the 4-byte form (through L1, .ca; the only sizes .cg takes are 16).
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
+#ifdef __CUDA_ARCH__
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+#else
+  emulated_cp_async_4(smem_dst, gmem_src);
 #endif
 }
 
@@ -666,11 +593,21 @@ __device__ __forceinline__ void* dynamic_smem() {
 #endif
 }
 
+// The q block (row of the schedule-order table) of an item: launch 1 walks the table backwards
+// and launch 3 forwards, so that launch 3's first tiles are the k (and v) rows launch 1 read
+// last, which are still in L2.
+template <Op op, Pass pass>
+__device__ __forceinline__ int item_qblock(const ItemMap& map, int item) {
+  const int step = map.by_heads.div(item) / pass_kinds<op, pass>();
+  return pass == Pass::kQAndStats ? map.num_qblocks - 1 - step : step;
+}
+
+template <Op op, Pass pass>
 __device__ __forceinline__ ItemDesc decode_item(const ItemMap& map, int item, int heads, const QBlock& blk) {
   ItemDesc d;
-  const int tile = map.by_heads.div(item);  // q block * 3 + tensor
+  const int tile = map.by_heads.div(item);  // block step * kinds + kind
   d.h = item - tile * heads;
-  d.tensor = tile % 3;
+  d.kind = pass_kind<pass>(tile % pass_kinds<op, pass>());
   d.segment = blk.segment;
   d.row_begin = blk.row_begin;
   d.n = blk.row_end - blk.row_begin;
@@ -679,49 +616,52 @@ __device__ __forceinline__ ItemDesc decode_item(const ItemMap& map, int item, in
   return d;
 }
 
-// The q block (row of the schedule-order table) of an item: the table backwards, so that the
-// first tiles read are the k (and v) rows launch 1 read last, which are still in L2.
-__device__ __forceinline__ int item_qblock(const ItemMap& map, int item) {
-  return map.num_qblocks - 1 - map.by_heads.div(item) / 3;
-}
-
 // The row of means (K) or scales (FP8 V) an item needs next to its tile, or null.
 template <Op op>
 __device__ __forceinline__ const float* aux_source(const Outputs<op>& out, const ItemDesc& d, int heads) {
   const int64_t at = (static_cast<int64_t>(d.segment) * heads + d.h) * kHeadDim;
-  if (d.tensor == 1) return out.kbar + at;
+  if (d.kind == Kind::kK) return out.kbar + at;
   if constexpr (op == Op::kFp8) {
-    if (d.tensor == 2) return out.v_scales + at;
+    if (d.kind == Kind::kV) return out.v_scales + at;
   }
   return nullptr;
 }
 
 // Starts the copies of an item into a stage: rows [0, n) of its tile, zeros for rows [n, 128)
-// (padded V keys quantize as +0, and every register copy reads whole tiles), and its aux row.
-// Thread t copies chunk t % 16 of rows t / 16 + 16 i: a warp covers two whole 256-byte rows per
-// step. A full tile (every block but a segment's last) needs no per-row test; in a partial one
-// the zero fill reads nothing, but its source operand still names a row of this tile.
+// (padded V keys quantize as +0, and every register copy reads whole tiles), its aux row and a V
+// item's two table entries. Thread t copies chunk t % 16 of rows t / 16 + 16 i: a warp covers two
+// whole 256-byte rows per step. A full tile (every block but a segment's last) needs no per-row
+// test; in a partial one the zero fill reads nothing, but its source operand still names a row
+// of this tile.
 template <Op op>
-__device__ __forceinline__ void issue_item(const Inputs& in, const Outputs<op>& out, const ItemDesc& d, Stage& st) {
+__device__ __forceinline__ void issue_item(const Inputs& in, const Tables& tb, const Outputs<op>& out,
+                                           const ItemDesc& d, Stage& st) {
   constexpr int kRowsPerStep = kThreads / kRowChunks;  // 16
   const int c = threadIdx.x % kRowChunks, r0 = threadIdx.x / kRowChunks;
-  const uint16_t* base = d.tensor == 0 ? in.q : d.tensor == 1 ? in.k : in.v;
+  const uint16_t* base = d.kind == Kind::kQ ? in.q : d.kind == Kind::kK || d.kind == Kind::kKStats ? in.k : in.v;
   const int64_t step = static_cast<int64_t>(in.heads) * kHeadDim * kRowsPerStep;  // 16 token rows
   const uint16_t* first = base + (static_cast<int64_t>(d.row_begin) * in.heads + d.h) * kHeadDim + c * 8;
   const uint16_t* src = first + r0 * (step / kRowsPerStep);
-  uint4* dst = st.tile + r0 * kRowChunks + swizzle_chunk(c);
+  // Row r0 + 16 i: bit 4 of the row is i's lowest bit.
+  uint4* dst[2] = {st.tile + r0 * kRowChunks + swizzle_chunk(c, 0), st.tile + r0 * kRowChunks + swizzle_chunk(c, 16)};
   if (d.n == kBlockRows) {
 #pragma unroll
-    for (int i = 0; i < kLoadsPerThread; ++i) cp_async_16(dst + i * kRowsPerStep * kRowChunks, src + i * step, 16u);
+    for (int i = 0; i < kLoadsPerThread; ++i)
+      cp_async_16(dst[i % 2] + i * kRowsPerStep * kRowChunks, src + i * step, 16u);
   } else {
 #pragma unroll
     for (int i = 0; i < kLoadsPerThread; ++i) {
       const bool real = r0 + kRowsPerStep * i < d.n;
-      cp_async_16(dst + i * kRowsPerStep * kRowChunks, real ? src + i * step : first, real ? 16u : 0u);
+      cp_async_16(dst[i % 2] + i * kRowsPerStep * kRowChunks, real ? src + i * step : first, real ? 16u : 0u);
     }
   }
   const float* aux = aux_source(out, d, in.heads);
   if (aux != nullptr && threadIdx.x < kHeadDim / 4) cp_async_16(&st.aux[4 * threadIdx.x], aux + 4 * threadIdx.x, 16u);
+  // The table entries: 4-byte copies by two lanes of warp 1 (warp 0 copies the aux row).
+  const int t = static_cast<int>(threadIdx.x) - kWarpSize;
+  if (d.kind == Kind::kV && (t == 0 || t == 1)) {
+    cp_async_4(t == 0 ? &st.vkey_start : &st.seg_start, (t == 0 ? tb.vkey_start : tb.seg_bounds) + d.segment);
+  }
 }
 
 // The thread's 128 bytes of a row tile (Q, K): channel group j = t % 8, rows rs + 32 i for
@@ -731,30 +671,38 @@ __device__ __forceinline__ void copy_rows(const Stage& st, uint32_t (&w)[kRawWor
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int r = rs + kRowSlices * i;
-    const uint4 a = st.tile[r * kRowChunks + swizzle_chunk(2 * j)];
-    const uint4 b = st.tile[r * kRowChunks + swizzle_chunk(2 * j + 1)];
+    const uint4 a = st.tile[r * kRowChunks + swizzle_chunk(2 * j, r)];
+    const uint4 b = st.tile[r * kRowChunks + swizzle_chunk(2 * j + 1, r)];
     w[8 * i + 0] = a.x, w[8 * i + 1] = a.y, w[8 * i + 2] = a.z, w[8 * i + 3] = a.w;
     w[8 * i + 4] = b.x, w[8 * i + 5] = b.y, w[8 * i + 6] = b.z, w[8 * i + 7] = b.w;
   }
 }
 
-// V thread of a tile: channel pair p (channels 2p, 2p + 1) and key quarter q (keys 32q..32q+31).
-// A warp holds 32 consecutive pairs of one quarter, so its copies read 128 contiguous bytes.
+// Column thread of a tile (V tiles and the column statistics): channel quad u (channels
+// 4u..4u+3) and key chunk kc (keys 16kc..16kc+15, one NVFP4 group of each channel). Lane =
+// u % 8 + 8 (kc % 4), warp = 2 (u / 8) + kc / 4: a warp holds 64 channels of 64 keys, so each of
+// its V stores writes whole 32-byte sectors (four key chunks of NVFP4 codes, two of FP8 codes).
 struct VThread {
-  int p, q;
+  int u, kc;
 };
 
 __device__ __forceinline__ VThread v_thread() {
-  return {static_cast<int>(threadIdx.x % kWarpSize + kWarpSize * ((threadIdx.x / kWarpSize) % 2)),
-          static_cast<int>(threadIdx.x / (2 * kWarpSize))};
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize), warp = static_cast<int>(threadIdx.x / kWarpSize);
+  return {lane % 8 + 8 * (warp / 2), lane / 8 + 4 * (warp % 2)};
 }
 
-// Word e = (channel 2p, channel 2p + 1) of key 32 q + e.
-__device__ __forceinline__ void copy_columns(const Stage& st, const VThread& vt, uint32_t (&w)[kRawWords]) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(st.tile);
-  const int col = swizzle_chunk(vt.p / 4) * 4 + vt.p % 4;  // word of the pair within a row
+// w[e] = channels 4u..4u+3 of key 16 kc + e (bf16 pairs: .x channels 4u, 4u + 1).
+__device__ __forceinline__ void copy_columns(const Stage& st, const VThread& vt, uint2 (&w)[kGroup]) {
+  const uint2* halves = reinterpret_cast<const uint2*>(st.tile);
+  const int col = swizzle_chunk(vt.u / 2, kGroup * vt.kc) * 2 + vt.u % 2;  // 8-byte half-chunk in a row
 #pragma unroll
-  for (int e = 0; e < kRawWords; ++e) w[e] = words[(kVQuarterKeys * vt.q + e) * (kRowChunks * 4) + col];
+  for (int e = 0; e < kGroup; ++e) w[e] = halves[(kGroup * vt.kc + e) * (kRowChunks * 2) + col];
+}
+
+// Channel 4u + k of key 16 kc + e.
+__device__ __forceinline__ float column_value(const uint2 (&w)[kGroup], int e, int k) {
+  const uint32_t pair = k < 2 ? w[e].x : w[e].y;
+  return k % 2 == 0 ? bf16_lo(pair) : bf16_hi(pair);
 }
 
 __device__ __forceinline__ void load16(const float* src, float (&m)[kGroup]) {
@@ -775,47 +723,66 @@ __device__ __forceinline__ void row_minus(const uint32_t (&w)[kRawWords], int i,
   }
 }
 
-template <int kWidth>
-__device__ __forceinline__ void tree_level(float (&lo)[kRawWords / 2], float (&hi)[kRawWords / 2]) {
-#pragma unroll
-  for (int e = 0; e < kWidth; ++e) {
-    lo[e] = __fadd_rn(lo[e], lo[e + kWidth]);
-    hi[e] = __fadd_rn(hi[e], hi[e + kWidth]);
-  }
-}
+// Column statistics: sums (of q, k) or maxima of |v|.
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+  __device__ __forceinline__ float lift(float x) const { return x; }
+};
+struct AbsMaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ __forceinline__ float lift(float x) const { return fabsf(x); }
+};
 
-// NVFP4 Q, part 1, while the stage still holds the tile: the thread's share of the block's column
-// sums. It reads like a V thread (channel pair p, rows 32q..32q+31; conflict-free) and adds its
-// 32 rows as a 5-level tree into red[q][2p], red[q][2p + 1]. Rows past n are zeros.
-__device__ __forceinline__ void nvfp4_q_partial_sums(const Stage& st, float (*red)[kHeadDim]) {
+// Part 1 of a tile's column statistics, while the stage still holds the tile: the column
+// thread's 16 keys of each of its 4 channels as a 4-level tree, into red[kc][4u + k]. Rows past n
+// are zeros, which add nothing and cannot raise an amax of |v|.
+template <class Combine>
+__device__ __forceinline__ void column_partials(const Stage& st, float (*red)[kHeadDim], Combine op) {
   const VThread vt = v_thread();
-  uint32_t w[kRawWords];
+  uint2 w[kGroup];
   copy_columns(st, vt, w);
-  float lo[kRawWords / 2], hi[kRawWords / 2];
+  float part[4];
 #pragma unroll
-  for (int e = 0; e < kRawWords / 2; ++e) {
-    lo[e] = __fadd_rn(bf16_lo(w[2 * e]), bf16_lo(w[2 * e + 1]));
-    hi[e] = __fadd_rn(bf16_hi(w[2 * e]), bf16_hi(w[2 * e + 1]));
+  for (int k = 0; k < 4; ++k) {
+    float x[kGroup];
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) x[e] = op.lift(column_value(w, e, k));
+    // One loop per level: a loop over the halving widths is not unrolled by nvcc.
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = op(x[e], x[e + 8]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = op(x[e], x[e + 4]);
+    part[k] = op(op(x[0], x[2]), op(x[1], x[3]));
   }
-  // One call per level: nvcc does not unroll a loop over the halving widths, and lo[] / hi[]
-  // would then live in local memory.
-  tree_level<8>(lo, hi);
-  tree_level<4>(lo, hi);
-  tree_level<2>(lo, hi);
-  tree_level<1>(lo, hi);
-  red[vt.q][2 * vt.p] = lo[0];
-  red[vt.q][2 * vt.p + 1] = hi[0];
+  *reinterpret_cast<float4*>(&red[vt.kc][4 * vt.u]) = make_float4(part[0], part[1], part[2], part[3]);
 }
 
-// NVFP4 Q, part 2 (after a barrier): the block mean of each channel over rows [0, n), the 4
-// quarter sums added as a 2-level tree (7 levels in all), stored to qbar; m gets the thread's 16
-// means. One barrier.
+// Part 2 (after a barrier; threads c < 128): channel c's total, the 8 key chunks as a 3-level
+// tree (7 levels in all).
+template <class Combine>
+__device__ __forceinline__ float column_total(const float (*red)[kHeadDim], int c, Combine op) {
+  return op(op(op(red[0][c], red[1][c]), op(red[2][c], red[3][c])),
+            op(op(red[4][c], red[5][c]), op(red[6][c], red[7][c])));
+}
+
+// A statistics item: k column sums or (FP8) v column amax of the block -> stats_slot. One
+// barrier.
+template <Op op, class Combine>
+__device__ __forceinline__ void block_stats(const Stage& st, const ItemDesc& d, const Outputs<op>& out,
+                                            float (*red)[kHeadDim], Combine combine, int slot_offset) {
+  column_partials(st, red, combine);
+  __syncthreads();
+  if (threadIdx.x < kHeadDim)
+    stats_slot(out, d.canonical, d.h, threadIdx.x)[slot_offset] = column_total(red, threadIdx.x, combine);
+}
+
+// NVFP4 Q, part 2 (after a barrier): the block mean of each channel over rows [0, n), stored to
+// qbar; m gets the thread's 16 means. One barrier.
 __device__ __forceinline__ void nvfp4_q_mean(int n, const float (*red)[kHeadDim], float* mean_smem, float* qbar_row,
                                              float (&m)[kGroup]) {
   if (threadIdx.x < kHeadDim) {
     const int c = threadIdx.x;
-    const float total = __fadd_rn(__fadd_rn(red[0][c], red[1][c]), __fadd_rn(red[2][c], red[3][c]));
-    const float qbar = __fdiv_rn(total, static_cast<float>(n));
+    const float qbar = __fdiv_rn(column_total(red, c, SumOp{}), static_cast<float>(n));
     mean_smem[c] = qbar;
     qbar_row[c] = qbar;
   }
@@ -830,8 +797,9 @@ __device__ __forceinline__ void nvfp4_rows(const uint32_t (&w)[kRawWords], const
                                            const float* recip) {
   const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
   const int64_t row0 = static_cast<int64_t>(d.h) * tokens + d.row_begin + rs;  // the thread's row i = 0
-  uint8_t* codes = (d.tensor == 0 ? out.q_codes : out.k_codes) + row0 * (kHeadDim / 2) + j * (kGroup / 2);
-  uint8_t* scales = (d.tensor == 0 ? out.q_scales : out.k_scales) + row0 * kChanGroups + j;
+  const bool is_q = d.kind == Kind::kQ;
+  uint8_t* codes = (is_q ? out.q_codes : out.k_codes) + row0 * (kHeadDim / 2) + j * (kGroup / 2);
+  uint8_t* scales = (is_q ? out.q_scales : out.k_scales) + row0 * kChanGroups + j;
   // Rows past n (a segment's last block) are quantized too and not stored: no branch between
   // the rows, so the compiler may interleave their groups.
 #pragma unroll
@@ -846,34 +814,24 @@ __device__ __forceinline__ void nvfp4_rows(const uint32_t (&w)[kRawWords], const
   }
 }
 
-// The first padded V column of the tile: keys of segment s sit at vkey_start[s] + (key - a_s).
-__device__ __forceinline__ int64_t v_first_column(const Tables& tb, const ItemDesc& d) {
-  return tb.vkey_start[d.segment] + (d.row_begin - tb.seg_bounds[d.segment]);
-}
-
-// NVFP4 V tile from registers: channels 2p and 2p + 1, keys 32q..32q+31 = two groups each; the
-// quarter writes 16 bytes of codes and 2 scale bytes of each of its two V rows. Quarters past the
-// tile's padded end (round_up(n, 64)) write nothing.
-__device__ __forceinline__ void nvfp4_v(const uint32_t (&w)[kRawWords], const ItemDesc& d, int64_t col0,
+// NVFP4 V tile from registers: one group (the thread's 16 keys) of each of channels 4u..4u+3:
+// 8 code bytes and a scale byte of each of the four V rows. A warp store covers whole 32-byte code
+// sectors (4 key chunks) and 4 contiguous scale bytes of 8 rows. Key chunks past the tile's
+// padded end (round_up(n, 64)) write nothing.
+__device__ __forceinline__ void nvfp4_v(const uint2 (&w)[kGroup], const ItemDesc& d, int64_t col0,
                                         const Outputs<Op::kNvfp4>& out, const float* recip) {
   const VThread vt = v_thread();
-  if (kVQuarterKeys * vt.q >= round_up(d.n, kVKeyPad)) return;
-  const int64_t col = col0 + kVQuarterKeys * vt.q;
+  if (kGroup * vt.kc >= round_up(d.n, kVKeyPad)) return;
+  const int64_t col = col0 + kGroup * vt.kc;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {  // channel 2p + half
-    Nvfp4Group g[2];
+  for (int k = 0; k < 4; ++k) {
+    float x[kGroup];
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float x[kGroup];
-#pragma unroll
-      for (int e = 0; e < kGroup; ++e) x[e] = half == 0 ? bf16_lo(w[kGroup * k + e]) : bf16_hi(w[kGroup * k + e]);
-      g[k] = nvfp4_group(x, recip);
-    }
-    const int64_t vrow = static_cast<int64_t>(d.h) * kHeadDim + 2 * vt.p + half;
-    *reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col / 2) =
-        make_uint4(g[0].codes.x, g[0].codes.y, g[1].codes.x, g[1].codes.y);
-    *reinterpret_cast<uint16_t*>(out.v_scales + vrow * (out.v_code_row / 8) + col / kGroup) =
-        static_cast<uint16_t>(g[0].scale | g[1].scale << 8);
+    for (int e = 0; e < kGroup; ++e) x[e] = column_value(w, e, k);
+    const Nvfp4Group g = nvfp4_group(x, recip);
+    const int64_t vrow = static_cast<int64_t>(d.h) * kHeadDim + 4 * vt.u + k;
+    *reinterpret_cast<uint2*>(out.v_codes + vrow * out.v_code_row + col / 2) = g.codes;
+    out.v_scales[vrow * (out.v_code_row / 8) + col / kGroup] = static_cast<uint8_t>(g.scale);
   }
 }
 
@@ -883,7 +841,7 @@ __device__ __forceinline__ void nvfp4_v(const uint32_t (&w)[kRawWords], const It
 __device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const float (&m)[kGroup], const ItemDesc& d,
                                          const Outputs<Op::kFp8>& out, int64_t tokens, float (*red)[kHeadDim]) {
   const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
-  const bool is_q = d.tensor == 0;
+  const bool is_q = d.kind == Kind::kQ;
   float row_amax[kRowsPerThread];
   float tile_amax = 0.0f;
 #pragma unroll
@@ -929,109 +887,126 @@ __device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const f
   }
 }
 
-// FP8 V tile from registers: channels 2p, 2p + 1 (scales sv from the stage's aux row), keys
-// 32q..32q+31: 32 contiguous code bytes, one whole sector, of each of the two V rows.
-__device__ __forceinline__ void fp8_v(const uint32_t (&w)[kRawWords], const float (&sv)[2], const ItemDesc& d,
+// FP8 V tile from registers: channels 4u..4u+3 (scales sv from the stage's aux row), the
+// thread's 16 keys: 16 contiguous code bytes of each of the four V rows; a warp store covers two
+// whole 32-byte sectors of 8 rows.
+__device__ __forceinline__ void fp8_v(const uint2 (&w)[kGroup], const float (&sv)[4], const ItemDesc& d,
                                       int64_t col0, const Outputs<Op::kFp8>& out) {
   const VThread vt = v_thread();
-  if (kVQuarterKeys * vt.q >= round_up(d.n, kVKeyPad)) return;
-  const int64_t col = col0 + kVQuarterKeys * vt.q;
+  if (kGroup * vt.kc >= round_up(d.n, kVKeyPad)) return;
+  const int64_t col = col0 + kGroup * vt.kc;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const Fp8Scale sc = fp8_scale(sv[half]);
-    uint32_t word[kRawWords / 4];
+  for (int k = 0; k < 4; ++k) {
+    const Fp8Scale sc = fp8_scale(sv[k]);
+    uint32_t word[4];
 #pragma unroll
-    for (int u = 0; u < kRawWords / 4; ++u) {
-      float x[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = half == 0 ? bf16_lo(w[4 * u + e]) : bf16_hi(w[4 * u + e]);
-      word[u] = fp8_codes4(x[0], x[1], x[2], x[3], sc);
+    for (int q = 0; q < 4; ++q) {
+      word[q] = fp8_codes4(column_value(w, 4 * q, k), column_value(w, 4 * q + 1, k), column_value(w, 4 * q + 2, k),
+                           column_value(w, 4 * q + 3, k), sc);
     }
-    uint4* dst = reinterpret_cast<uint4*>(out.v_codes + (static_cast<int64_t>(d.h) * kHeadDim + 2 * vt.p + half) *
-                                                            out.v_code_row + col);
-    dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
-    dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
+    const int64_t vrow = static_cast<int64_t>(d.h) * kHeadDim + 4 * vt.u + k;
+    *reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col) = make_uint4(word[0], word[1], word[2], word[3]);
   }
 }
 
+// One item from its stage, after the barrier that opened it. Every read of the stage happens
+// before the barrier that opens the next item.
 template <Op op, int kStages>
+__device__ __forceinline__ void process_item(const Inputs& in, const Outputs<op>& out, const ItemDesc& d,
+                                             const Stage& st, PipeSmem<kStages>& sm) {
+  if (d.kind == Kind::kKStats) {
+    block_stats(st, d, out, sm.red, SumOp{}, 0);
+    return;
+  }
+  if constexpr (op == Op::kFp8) {
+    if (d.kind == Kind::kVStats) {
+      block_stats(st, d, out, sm.red, AbsMaxOp{}, 1);
+      return;
+    }
+  }
+  if (d.kind == Kind::kV) {
+    const VThread vt = v_thread();
+    uint2 w[kGroup];
+    copy_columns(st, vt, w);
+    // The first padded V column of the tile: keys of segment s sit at vkey_start[s] + (key - a_s).
+    const int64_t col0 = static_cast<int64_t>(st.vkey_start) + (d.row_begin - st.seg_start);
+    if constexpr (op == Op::kNvfp4) {
+      nvfp4_v(w, d, col0, out, sm.recip);
+    } else {
+      const float4 s4 = *reinterpret_cast<const float4*>(&st.aux[4 * vt.u]);
+      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+      fp8_v(w, sv, d, col0, out);
+    }
+    return;
+  }
+  uint32_t w[kRawWords];
+  copy_rows(st, w);
+  float m[kGroup];  // the 16 means of the thread's channels (K: kbar; NVFP4 Q: qbar; FP8 Q: none)
+  if (d.kind == Kind::kK) {
+    load16(st.aux + (threadIdx.x % kChanGroups) * kGroup, m);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) m[e] = 0.0f;
+  }
+  if constexpr (op == Op::kNvfp4) {
+    if (d.kind == Kind::kQ) {
+      column_partials(st, sm.red, SumOp{});
+      __syncthreads();
+      nvfp4_q_mean(d.n, sm.red, sm.mean, out.qbar + (static_cast<int64_t>(d.canonical) * in.heads + d.h) * kHeadDim, m);
+    }
+    nvfp4_rows(w, m, d, out, in.tokens, sm.recip);
+  } else {
+    fp8_rows(w, m, d, out, in.tokens, sm.red);
+  }
+}
+
+template <Op op, Pass pass, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables tb, Outputs<op> out, ItemMap map) {
   static_assert(kStages >= 2, "a ring of at least two stages");
   PipeSmem<kStages>& sm = *static_cast<PipeSmem<kStages>*>(dynamic_smem());
   if constexpr (op == Op::kNvfp4) {
-    if (threadIdx.x < 128) sm.recip[threadIdx.x] = nvfp4_recip_scaled(threadIdx.x);  // seen after barrier A
+    if (threadIdx.x < 128) sm.recip[threadIdx.x] = nvfp4_recip_scaled(threadIdx.x);
   }
   const int stride = static_cast<int>(gridDim.x);
+  const auto block_of = [&](int item) { return load_qblock(tb.qblocks, item_qblock<op, pass>(map, item)); };
   int next = static_cast<int>(blockIdx.x);  // the next item to copy in
   // Prologue: the CTA's first kStages items (one commit group each, empty past the end).
 #pragma unroll
   for (int s = 0; s < kStages; ++s, next += stride) {
     if (next < map.items) {
-      const ItemDesc d =
-          decode_item(map, next, in.heads, load_qblock(tb.qblocks, item_qblock(map, next)));
-      issue_item(in, out, d, sm.stage[s]);
+      const ItemDesc d = decode_item<op, pass>(map, next, in.heads, block_of(next));
+      issue_item(in, tb, out, d, sm.stage[s]);
       if (threadIdx.x == 0) sm.stage[s].desc = d;
     }
     cp_async_commit();
   }
   // The q block of `next`, fetched one item ahead so its latency hides behind the compute.
   QBlock next_blk{};
-  if (next < map.items) next_blk = load_qblock(tb.qblocks, item_qblock(map, next));
+  if (next < map.items) next_blk = block_of(next);
+  __syncthreads();  // the prologue's descriptors and the recip table are visible
 
   int s = 0;
   for (int item = static_cast<int>(blockIdx.x); item < map.items; item += stride) {
     Stage& st = sm.stage[s];
-    cp_async_wait<kStages - 1>();  // this thread's copies of `item` (committed kStages - 1 groups ago)
-    __syncthreads();               // A: everyone's copies landed; the descriptor is visible
-    const ItemDesc d = st.desc;
-    int64_t col0 = 0;
-    if (d.tensor == 2) col0 = v_first_column(tb, d);  // loads in flight across the copy below
-    uint32_t w[kRawWords];
-    float m[kGroup];  // row tiles: the 16 means of the thread's channels (K; Q computes its own)
-    float sv[2];      // FP8 V: the scales of the thread's two channels
-    if (d.tensor == 2) {
-      const VThread vt = v_thread();
-      copy_columns(st, vt, w);
-      if constexpr (op == Op::kFp8) {
-        sv[0] = st.aux[2 * vt.p];
-        sv[1] = st.aux[2 * vt.p + 1];
+    Stage& freed = sm.stage[s == 0 ? kStages - 1 : s - 1];  // the last item's stage
+    // Group of item i: i (the prologue's kStages groups, then one per later iteration); at most
+    // kStages - 2 younger ones may still be in flight.
+    cp_async_wait<kStages - 2>();
+    ItemDesc d;
+    if constexpr (kStages >= 3) d = st.desc;  // written two barriers ago at the latest
+    __syncthreads();  // everyone's copies of this item landed; everyone is done with the last one
+    if constexpr (kStages < 3) d = st.desc;
+    if (item != static_cast<int>(blockIdx.x)) {  // refill the stage the last item used
+      if (next < map.items) {
+        const ItemDesc dn = decode_item<op, pass>(map, next, in.heads, next_blk);
+        issue_item(in, tb, out, dn, freed);
+        if (threadIdx.x == 0) freed.desc = dn;
       }
-    } else {
-      copy_rows(st, w);
-      if (d.tensor == 1) {
-        load16(st.aux + (threadIdx.x % kChanGroups) * kGroup, m);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kGroup; ++e) m[e] = 0.0f;
-        if constexpr (op == Op::kNvfp4) nvfp4_q_partial_sums(st, sm.red);  // combined after barrier B
-      }
+      cp_async_commit();
+      next += stride;
+      if (next < map.items) next_blk = block_of(next);
     }
-    __syncthreads();  // B: everyone holds its share; the stage is free
-    if (next < map.items) {
-      const ItemDesc dn = decode_item(map, next, in.heads, next_blk);
-      issue_item(in, out, dn, st);
-      if (threadIdx.x == 0) st.desc = dn;
-    }
-    cp_async_commit();
-    next += stride;
-    if (next < map.items) next_blk = load_qblock(tb.qblocks, item_qblock(map, next));
-
-    if constexpr (op == Op::kNvfp4) {
-      if (d.tensor == 2) {
-        nvfp4_v(w, d, col0, out, sm.recip);
-      } else {
-        if (d.tensor == 0)
-          nvfp4_q_mean(d.n, sm.red, sm.mean, out.qbar + (static_cast<int64_t>(d.canonical) * in.heads + d.h) * kHeadDim,
-                       m);
-        nvfp4_rows(w, m, d, out, in.tokens, sm.recip);
-      }
-    } else {
-      if (d.tensor == 2) {
-        fp8_v(w, sv, d, col0, out);
-      } else {
-        fp8_rows(w, m, d, out, in.tokens, sm.red);
-      }
-    }
+    process_item(in, out, d, st, sm);
     s = s + 1 == kStages ? 0 : s + 1;
   }
 }
@@ -1041,9 +1016,9 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables
 // ---------------------------------------------------------------------------------------------
 
 #ifdef __CUDACC__
-// CTAs of the persistent launch 3 on the current device: all that fit at once. The dynamic
-// shared memory opt-in and the occupancy query run once per device, op and stage count.
-template <Op op, int kStages>
+// CTAs of a persistent tile launch on the current device: all that fit at once. The dynamic
+// shared memory opt-in and the occupancy query run once per device, op, pass and stage count.
+template <Op op, Pass pass, int kStages>
 cudaError_t quantize_kernel_ctas(int* ctas) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];
@@ -1054,7 +1029,7 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
     *ctas = known;
     return cudaSuccess;
   }
-  const auto kernel = quantize_kernel<op, kStages>;
+  const auto kernel = quantize_kernel<op, pass, kStages>;
   constexpr size_t kSmem = pipe_smem_bytes<kStages>();
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
@@ -1071,16 +1046,28 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
   return cudaSuccess;
 }
 
+template <Op op, Pass pass, int kStages>
+cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
+  int ctas = 0;
+  if (const cudaError_t e = quantize_kernel_ctas<op, pass, kStages>(&ctas); e != cudaSuccess) return e;
+  const ItemMap map = make_item_map<op, pass>(tb, in.heads);
+  const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
+  quantize_kernel<op, pass, kStages><<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
+  return last_launch_status();
+}
+
 // Runs the three launches on `stream`. Zero-size grids are skipped (tokens == 0 launches only
 // launch 2, which writes kbar = 0 for every segment). Returns the first launch error.
-// kStages: the ring depth of launch 3 (the binding picks it per architecture: its shared memory,
-// pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
+// kStages: the ring depth of the tile launches (the binding picks it per architecture: its
+// shared memory, pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
+// The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
+// FastDiv) stays below 2^31.
 template <Op op, int kStages>
 cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
-  const int64_t tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads;
-  if (tiles > 0) {
-    block_stats_kernel<op><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(in, tb, out);
-    if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
+  const bool tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads > 0;
+  if (tiles) {
+    if (const cudaError_t e = launch_tiles<op, Pass::kQAndStats, kStages>(in, tb, out, stream); e != cudaSuccess)
+      return e;
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
   if (seg_heads > 0) {
@@ -1089,19 +1076,7 @@ cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op
                                 0, stream>>>(in, tb, out, shape.split);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
   }
-  if (tiles > 0) {
-    int ctas = 0;
-    if (const cudaError_t e = quantize_kernel_ctas<op, kStages>(&ctas); e != cudaSuccess) return e;
-    // The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
-    // FastDiv) stays below 2^31.
-    ItemMap map;
-    map.items = static_cast<int>(3 * tiles);
-    map.num_qblocks = tb.num_qblocks;
-    map.by_heads = FastDiv::make(static_cast<uint32_t>(in.heads));
-    const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
-    quantize_kernel<op, kStages><<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
-    if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
-  }
+  if (tiles) return launch_tiles<op, Pass::kKAndV, kStages>(in, tb, out, stream);
   return cudaSuccess;
 }
 #endif  // __CUDACC__
