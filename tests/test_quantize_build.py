@@ -385,7 +385,8 @@ static void run_grid(int grid, int block, size_t smem_bytes, F&& body) {
 
 // The three launches of launch_quantize (whose <<<>>> syntax a host compiler cannot read).
 template <qz::Op op, qz::Pass pass, int kStages>
-static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap) {
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out,
+                          int grid_cap) {
   const qz::ItemMap map = qz::make_item_map<op, pass>(tb, in.heads);
   const int grid = map.items < grid_cap ? map.items : grid_cap;
   run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<kStages>(),
@@ -393,8 +394,8 @@ static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::
 }
 
 template <qz::Op op, qz::Pass pass>
-static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap,
-                          int stages) {
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out,
+                          int grid_cap, int stages) {
   if (stages == 2)
     emulate_tiles<op, pass, 2>(in, tb, out, grid_cap);
   else
@@ -402,8 +403,8 @@ static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::
 }
 
 template <qz::Op op>
-static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out, int grid_cap,
-                             int stages) {
+static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb,
+                             const qz::Outputs<op>& out, int grid_cap, int stages) {
   const int tiles = tb.num_qblocks * in.heads;
   if (tiles > 0) emulate_tiles<op, qz::Pass::kQAndStats>(in, tb, out, grid_cap, stages);
   if (tb.segments * in.heads > 0) {
