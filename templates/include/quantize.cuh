@@ -255,6 +255,19 @@ __device__ __forceinline__ float nvfp4_recip_scaled(uint32_t b) {
   return b == 0 || b >= 0x7F ? 0.0f : __fmul_rn(__frcp_rn(s), kRecipScale);
 }
 
+// The 16 codes of x r through formats.cuh's encoder (the hardware cvt on sm_120a), r = the
+// correctly rounded 1 / s recovered exactly from the table entry r 2^-110.
+__device__ __forceinline__ uint2 nvfp4_codes_exact(const float (&x)[kGroup], float recip_scaled) {
+  const float r = __fmul_rn(recip_scaled, 0x1p110f);
+  float lo[8], hi[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    lo[e] = __fmul_rn(x[e], r);
+    hi[e] = __fmul_rn(x[8 + e], r);
+  }
+  return make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
+}
+
 // SPEC 3 "quantize a group": s = rn_e4m3(amax / 6); s == 0 -> all codes 0; else rn_e2m1(x * 1/s).
 // `recip_scaled` is the table of nvfp4_recip_scaled (shared memory).
 __device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], const float* recip_scaled) {
@@ -272,14 +285,7 @@ __device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], cons
   g.scale = e4m3x2_word(div6_rn(amax), 0.0f);
   const float rs = recip_scaled[g.scale];
 #if FLASHINFER_H3_NATIVE_FP4
-  const float r = __fmul_rn(rs, 0x1p110f);  // exact: r itself
-  float lo[8], hi[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    lo[e] = __fmul_rn(x[e], r);
-    hi[e] = __fmul_rn(x[8 + e], r);
-  }
-  g.codes = make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
+  g.codes = nvfp4_codes_exact(x, rs);
 #else
   // Right whenever every |x r| < 2^15; fl(amax r') bounds every |x r'| (monotone) and tells.
   g.codes = make_uint2(e2m1x8_scaled(x, rs), e2m1x8_scaled(x + 8, rs));
@@ -287,14 +293,7 @@ __device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], cons
     // An unsaturated scale keeps amax / s below 9 (6 times the rounding ratio of the coarsest
     // subnormal scale), so only a scale saturated at 448 with amax >= 448 * 2^15 (or an
     // overflowed x - mean) gets here: formats.cuh's general encoder, off the straight-line path.
-    const float r = __fmul_rn(rs, 0x1p110f);
-    float lo[8], hi[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      lo[e] = __fmul_rn(x[e], r);
-      hi[e] = __fmul_rn(x[8 + e], r);
-    }
-    g.codes = make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
+    g.codes = nvfp4_codes_exact(x, rs);
   }
 #endif
   // A zero scale maps the group to +0 (SPEC 3), whatever the signs of x.
@@ -521,7 +520,7 @@ struct alignas(16) ItemDesc {
 // A V item's two table entries come into its stage by cp.async with the tile: loaded by thread 0
 // with plain loads, they made its warp, and so everyone's next barrier, wait an L2 round trip
 // per item (long-scoreboard stalls were ~30 % of the warp samples in an ncu profile). Stages
-// start on 128-byte boundaries: with 16-byte ones the pre-pass measured 5 % slower on an H200.
+// start on 128-byte boundaries: with 16-byte ones the pre-pass measured ~5 % slower on an H200.
 struct alignas(128) Stage {
   uint4 tile[kTileChunks];    // bf16 rows, chunk-swizzled (see above)
   float aux[kHeadDim];        // K: kbar[segment, h, :]; FP8 V: v_scales[segment, h, :]
