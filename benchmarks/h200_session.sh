@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on an H200: every GPU test, the benchmarks and the sanitizers, logs in $OUT.
 # Usage (from the repository root, with the tvm-ffi cp312 wheel in .whl/ when it is not installed):
-#   OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|profile|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|profile|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; not part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
@@ -18,7 +18,8 @@ export FLASHINFER_H3_CACHE_DIR=${FLASHINFER_H3_CACHE_DIR:-/tmp/h3cache}
 export PYTHONUNBUFFERED=1
 {
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
-    git log -1 --format='commit %H %s' 2>/dev/null || true
+    # A device copy of the tree may carry a stale .git: the caller names the commit in REV.
+    echo "commit ${REV:-unknown (set REV)}; .git says $(git log -1 --format=%h 2>/dev/null || echo none)"
     python3 -m flashinfer_h3 info
     # profile builds the pre-pass alone (--standalone), without the attention kernel.
     [[ $what == profile ]] || python3 -m flashinfer_h3 warmup --op nvfp4,fp8,utils
@@ -71,15 +72,17 @@ PY
 fi
 
 if [[ $what == profile ]]; then
-    # Nsight Compute of the pre-pass kernels (one call of each op), clocks left alone. The report
-    # and two text pages (details; per-SASS-instruction stall samples of launch 3) land in $OUT.
+    # Nsight Compute of the pre-pass kernels (one call of each op), clocks left alone. The report,
+    # two text pages (details; per-SASS-instruction stall samples) and their stall summary
+    # (benchmarks/ncu_stalls.py) land in $OUT.
     {
         timeout 400 ncu --clock-control none --set full --import-source no \
-            -k 'regex:quantize_kernel|block_stats_kernel' --launch-count 4 -f -o "$OUT/quantize" \
+            -k 'regex:quantize_kernel' --launch-count 4 -f -o "$OUT/quantize" \
             python3 benchmarks/bench_quantize.py --standalone --iters 1 --warmup 0 --repeats 1
         ncu --import "$OUT/quantize.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
         ncu --import "$OUT/quantize.ncu-rep" --page source --csv --print-source sass \
             > "$OUT/ncu_sass.csv" 2>&1
+        python3 benchmarks/ncu_stalls.py "$OUT/ncu_sass.csv" > "$OUT/ncu_stalls.txt"
         ls -la "$OUT"
         timeout 120 python3 benchmarks/bench_quantize.py --standalone --profile --json "$OUT/bench_quantize.json"
     } 2>&1 | tee "$OUT/profile.log"
