@@ -335,7 +335,11 @@ void emulated_cp_async_wait(int pending) {
     t_groups.erase(t_groups.begin());
   }
 }
-void* emulated_dynamic_smem() { return g_smem.data(); }
+// 128-byte aligned, as the stages of the ring are (alignas(128)).
+void* emulated_dynamic_smem() {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(g_smem.data());
+  return g_smem.data() + ((128 - at % 128) % 128);
+}
 
 // cvt.rn.satfinite.e4m3: RN-even, subnormal steps of 2^-9 below 2^-6, |x| > 448 -> 448,
 // NaN -> 0x7F.
@@ -367,7 +371,7 @@ static void run_grid(int grid, int block, size_t smem_bytes, F&& body) {
     g_warps.back()->bar.reset(32);
   }
   for (int b = 0; b < grid; ++b) {
-    qz::g_smem.assign(smem_bytes, 0xA5);
+    qz::g_smem.assign(smem_bytes + 128, 0xA5);
     std::vector<std::thread> threads;
     for (int t = 0; t < block; ++t) {
       threads.emplace_back([&, t, b] {
