@@ -36,7 +36,7 @@ q_codes     u8     [H, T, 128]                  E4M3 codes of q (no smoothing)
 q_scales    f32    [H, T]                       per-token scale amax/448
 k_codes     u8     [H, T, 128]                  E4M3 codes of K' = k - kbar
 k_scales    f32    [H, q_blocks_cap]            per 128-key block (same numbering as Q blocks)
-v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded keys as for NVFP4
+v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded as for NVFP4; keys permuted in 16s
 v_scales    f32    [S, H, 128]                  per (segment, channel) scale amax/448
 ==========  =====  ===========================  ==============================================
 

@@ -32,7 +32,8 @@ Entry points
   q_scales     f32    [H, T]              amax / 448 per (head, token)
   k_codes      u8     [H, T, 128]         E4M3 of ``k - kbar``
   k_scales     f32    [H, NQB]            amax / 448 per (head, 128-key block), canonical order
-  v_codes      u8     [H, 128, NV]        V transposed, padded as for nvfp4
+  v_codes      u8     [H, 128, NV]        V transposed, padded as for nvfp4, keys permuted
+                                          within each 16-key group (``fp8_v_column``)
   v_scales     f32    [S, H, 128]         amax / 448 per (segment, head, channel)
   ===========  =====  ==================  ====================================================
 
@@ -186,6 +187,30 @@ def _token_maps(plan: HostPlan, device: torch.device):
     return seg.to(device), block.to(device), vcol.to(device)
 
 
+def fp8_v_column(pos: torch.Tensor) -> torch.Tensor:
+    """The FP8 V column offset (from the segment's first padded column) of key ``pos``.
+
+    Within each 16-key group (counted from the segment start) key ``r = 8h + 2q + e`` (``h, e``
+    in {0, 1}, ``q`` in 0..3) sits at column ``4q + 2h + e``. That is the order in which a thread
+    of an FP8 MMA holds P after its QK^T: the m16n8 (and wgmma m64nN) FP32 accumulator gives a
+    thread keys ``2q, 2q+1`` of each 8-key chunk, while the E4M3 A operand of the PV product
+    wants four consecutive keys ``4q..4q+3`` per register. With V's keys in this order the
+    accumulator packs straight into the A operand (no shuffles); P.V sums over keys, so the
+    product is unchanged.
+    """
+    r = pos % GROUP
+    return pos - r + 4 * ((r % 8) // 2) + 2 * (r // 8) + r % 2
+
+
+def fp8_v_key_order(columns: int, device: torch.device | None = None) -> torch.Tensor:
+    """``key[j]`` = the key (offset from the segment start) stored at V column ``j``, for
+    ``columns`` (a multiple of 16) columns: the inverse of :func:`fp8_v_column`."""
+    cols = torch.arange(columns, device=device)
+    order = torch.empty_like(cols)
+    order[fp8_v_column(cols)] = cols
+    return order
+
+
 def _check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...],
                   device: torch.device, at_least: tuple[bool, ...] | None = None) -> None:
     """dtype, device and shape of a given operand; ``at_least[i]``: dimension i may be larger."""
@@ -309,6 +334,8 @@ def fp8_quantize_stages(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     v_amax = torch.zeros(S, H, HEAD_DIM, dtype=torch.float32, device=device)
     v_amax.scatter_reduce_(0, seg[:, None, None].expand(vf.shape), vf.abs(), "amax")
     v_scales = F.fp8_scale(v_amax)  # [S, H, 128]
+    vstart = torch.tensor(plan.vkey_start, dtype=torch.int64, device=device)[seg]
+    vcol = vstart + fp8_v_column(vcol - vstart)  # keys permuted within 16-key groups
     v_codes = _transpose_v(F.fp8_quantize(vf, v_scales[seg]), vcol, nv)
     return {"kbar": kbar, "q_codes": q_codes, "q_scales": q_scales, "k_codes": k_codes,
             "k_scales": k_scales, "v_codes": v_codes, "v_scales": v_scales}
@@ -481,7 +508,8 @@ def fp8_attention_from_stages(stages: dict[str, torch.Tensor], cu_seqlens: CuSeq
         qval = F.e4m3_to_float(stages["q_codes"][:, a:b]).double()  # [H, L, 128]
         kval = F.e4m3_to_float(stages["k_codes"][:, a:b]).double()
         c0, c1 = plan.vkey_start[s], plan.vkey_start[s + 1]
-        vval = F.e4m3_to_float(stages["v_codes"][:, :, c0:c1]).transpose(1, 2).double()
+        vcodes = stages["v_codes"][:, :, c0:c1][:, :, fp8_v_column(torch.arange(c1 - c0, device=dev))]
+        vval = F.e4m3_to_float(vcodes).transpose(1, 2).double()  # [H, keys in order, 128]
         g0 = plan.qblock_start[s]
         sv = stages["v_scales"][s].unsqueeze(1)  # [H, 1, 128]
         for r0 in range(0, L, step):

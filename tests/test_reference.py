@@ -425,7 +425,21 @@ def test_v_columns_follow_the_plan_and_padding_is_zero():
     assert torch.equal(codes[..., 128:144], F.unpack_e2m1(want_c))
     assert torch.equal(scales[..., 8:9], want_s)
     assert codes[..., 144:].eq(0).all() and scales[..., 9:].eq(0).all()
-    assert st8["v_codes"][..., 70:128].eq(0).all() and st8["v_codes"][..., 133:].eq(0).all()
+    # FP8: keys permuted within each 16-key group (R.fp8_v_column); pads are code 0.
+    order = R.fp8_v_key_order(64)  # key offset stored at each column of a 64-key chunk
+    assert torch.equal(order[R.fp8_v_column(torch.arange(64))], torch.arange(64))
+    assert order[:16].tolist() == [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]
+    v8 = st8["v_codes"]
+    scales8 = st8["v_scales"]  # [S, H, D]
+    for s, (a, col0, n) in enumerate([(0, 0, 70), (70, 128, 5)]):
+        cols = col0 + R.fp8_v_column(torch.arange(n))
+        want = F.fp8_quantize(v[a:a + n].float(), scales8[2 * s]).permute(1, 2, 0)
+        assert torch.equal(v8[..., cols], want)
+        pad = torch.ones(v8.shape[-1], dtype=torch.bool)
+        pad[cols] = False
+        pad[:col0] = False
+        pad[col0 + -(-n // 64) * 64:] = False
+        assert v8[..., pad].eq(0).all()
     assert st8["v_scales"][1].eq(0).all() and st8["kbar"][1].eq(0).all()
     assert st["kbar"][1].eq(0).all()
 

@@ -887,7 +887,7 @@ __device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const f
 }
 
 // FP8 V tile from registers: channels 4u..4u+3 (scales sv from the stage's aux row), the
-// thread's 16 keys: 16 contiguous code bytes of each of the four V rows; a warp store covers two
+// thread's 16 keys (in the FP8 key order, below): 16 contiguous code bytes of each of the four V rows; a warp store covers two
 // whole 32-byte sectors of 8 rows.
 __device__ __forceinline__ void fp8_v(const uint2 (&w)[kGroup], const float (&sv)[4], const ItemDesc& d,
                                       int64_t col0, const Outputs<Op::kFp8>& out) {
@@ -900,8 +900,10 @@ __device__ __forceinline__ void fp8_v(const uint2 (&w)[kGroup], const float (&sv
     uint32_t word[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      word[q] = fp8_codes4(column_value(w, 4 * q, k), column_value(w, 4 * q + 1, k), column_value(w, 4 * q + 2, k),
-                           column_value(w, 4 * q + 3, k), sc);
+      // Column 4q + 2h + e holds key 8h + 2q + e (keys permuted within the 16-key group, so
+      // an FP8 MMA's FP32 accumulator packs straight into the P operand; reference.fp8_v_column).
+      word[q] = fp8_codes4(column_value(w, 2 * q, k), column_value(w, 2 * q + 1, k), column_value(w, 2 * q + 8, k),
+                           column_value(w, 2 * q + 9, k), sc);
     }
     const int64_t vrow = static_cast<int64_t>(d.h) * kHeadDim + 4 * vt.u + k;
     *reinterpret_cast<uint4*>(out.v_codes + vrow * out.v_code_row + col) = make_uint4(word[0], word[1], word[2], word[3]);
