@@ -59,7 +59,12 @@ def test_the_jit_cache_package_is_found(prebuilt, tmp_path: Path, monkeypatch) -
     out, _ = prebuilt
     site = tmp_path / "site"
     pkg = site / "flashinfer_h3_jit_cache"
-    shutil.copytree(REPO / "jit_cache" / "flashinfer_h3_jit_cache", pkg)
+    # Only the package's code: kernels/ built in the checkout (build_kernels.py) stays out.
+    shutil.copytree(
+        REPO / "jit_cache" / "flashinfer_h3_jit_cache",
+        pkg,
+        ignore=shutil.ignore_patterns("kernels", "__pycache__"),
+    )
     shutil.copytree(out, pkg / "kernels")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "flashinfer_h3_jit_cache", raising=False)

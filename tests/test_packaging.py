@@ -141,14 +141,39 @@ def test_regular_install_renders_and_jits_from_package_data(tmp_path: Path) -> N
     assert f"-I {target / 'flashinfer_h3' / 'templates' / 'include'}" in ninja
 
 
+def _venv_seeing_this_environment(venv: Path) -> str:
+    """A venv (no pip of its own) that sees exactly this interpreter's packages: pip, setuptools,
+    torch, ... of the environment running the tests, which may itself be a venv.
+
+    ``venv --system-site-packages`` would not do: it exposes the *base* interpreter's
+    site-packages, which in a fresh venv lack this environment's packages and may hold an old
+    setuptools (no ``bdist_wheel``). A ``.pth`` file named to sort after the editable install's
+    own hooks adds this environment's site directories (and their ``.pth`` files) after the
+    venv's own, so the venv's editable install wins."""
+    import site
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    inner_site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    outer = [*site.getsitepackages(), sysconfig.get_paths()["purelib"]]
+    if site.ENABLE_USER_SITE:
+        outer.append(site.getusersitepackages())
+    dirs = list(dict.fromkeys(d for d in outer if Path(d).is_dir()))
+    lines = [f"import site; site.addsitedir({d!r})" for d in dirs]
+    (Path(inner_site) / "zzz_outer_environment.pth").write_text("\n".join(lines) + "\n")
+    return str(python)
+
+
 def test_editable_install_uses_the_checkout_templates(tmp_path: Path) -> None:
     src = _source_copy(tmp_path)
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-    )
-    python = str(venv / "bin" / "python")
+    python = _venv_seeing_this_environment(venv)
     proc = subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(src)],
         cwd=tmp_path,
