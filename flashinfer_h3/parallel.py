@@ -174,7 +174,7 @@ def gather_sequence(x_local: Tensor, total_tokens: int, *,
     if world == 1:
         return x_local[:total_tokens]
     full = x_local.new_empty((world * x_local.shape[0], *x_local.shape[1:]))
-    dist.all_gather_into_tensor(_as_bytes(full), _as_bytes(x_local.contiguous()), group=group)
+    _all_gather_single(_as_bytes(full), _as_bytes(x_local.contiguous()), group=group)
     return full[:total_tokens]
 
 
@@ -362,10 +362,10 @@ def _compare_across_ranks(group: dist.ProcessGroup | None, rank: int, world: int
     device = _signature_device(group, q)
     if device is None:
         return
-    mine = torch.tensor(_signature(call, error, q, world), dtype=torch.int64)
-    gathered = [torch.empty_like(mine, device=device) for _ in range(world)]
-    dist.all_gather(gathered, mine.to(device), group=group)
-    rows = [g.tolist() for g in gathered]  # on a CUDA-only group: the one sync of the check
+    mine = torch.tensor(_signature(call, error, q, world), dtype=torch.int64).to(device)
+    gathered = torch.empty(world * mine.shape[0], dtype=torch.int64, device=device)
+    _all_gather_single(gathered, mine, group=group)
+    rows = gathered.view(world, -1).tolist()  # on a CUDA-only group: the one sync of the check
     if error is not None:
         return  # this rank raises its own, more precise error
     failed = [r for r, row in enumerate(rows) if row[1] != 0]
@@ -413,6 +413,10 @@ def _mismatch(field: str, ra: int, a: int, rb: int, b: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# ``all_gather_into_tensor`` is called ``all_gather_single`` from torch 2.13 on.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _as_bytes(t: Tensor) -> Tensor:
     """A contiguous tensor as ``uint8`` rows (the all-to-alls only move data)."""
     return t.view(torch.uint8) if t.dtype != torch.uint8 else t
@@ -435,35 +439,43 @@ def _run(call: _Call, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
         cu = torch.cat([cu_seqlens, cu_seqlens.new_full((1,), rows)])
     # To head shards. Send chunk g for rank j: heads j*H/W + g*hc ... of this rank's tokens.
     # The receive buffer [W, Tl, hc, d] is the operator's [W*Tl, hc, d] input (global order).
+    # Every buffer a collective reads or writes stays referenced here until that collective's
+    # wait(), so the caching allocator never hands it to another kernel while it is in flight
+    # (whatever the backend's own record-stream / stashing policy).
     sends = [x.view(tl, world, n, hc, d) for x in (q, k, v)]
-    forward = []
+    forward: list[Any] = []
     for g in range(n):
-        works, recvs = [], []
+        works, bufs, recvs = [], [], []
         for x in sends:
             buf = torch.empty((world, tl, hc, d), dtype=x.dtype, device=x.device)
             buf.copy_(x[:, :, g].transpose(0, 1))  # layout transpose 1
             recv = torch.empty((rows, hc, d), dtype=x.dtype, device=x.device)
             works.append(_a2a(recv, buf, group))
+            bufs.append(buf)
             recvs.append(recv)
-        forward.append((works, recvs))
+        forward.append((works, bufs, recvs))
     backward = []
-    for works, (qg, kg, vg) in forward:
+    for g in range(n):
+        works, bufs, (qg, kg, vg) = forward[g]
+        forward[g] = None
         for w in works:
             w.wait()
+        del works, bufs  # the send buffers, once received (stream-ordered after the wait)
         o = call.fn(qg, kg, vg, cu, cu_seqlens_host=bounds, softmax_scale=softmax_scale)
         if not isinstance(o, Tensor) or o.dim() != 3 or tuple(o.shape[:2]) != (rows, hc):
             raise RuntimeError(f"attention returned {getattr(o, 'shape', type(o).__name__)}, "
                                f"expected [{rows}, {hc}, head_dim]")
         o = o.contiguous()
         back = torch.empty((world, tl, hc, o.shape[2]), dtype=o.dtype, device=o.device)
-        backward.append((_a2a(back, o, group), back))
+        backward.append((_a2a(back, o, group), o, back))
     out = None
-    for g, (work, back) in enumerate(backward):
+    for g, (work, _o, back) in enumerate(backward):
         if out is None:
             out = torch.empty((tl, heads, back.shape[3]), dtype=back.dtype, device=back.device)
         work.wait()
         out.view(tl, world, n, hc, -1)[:, :, g].copy_(back.transpose(0, 1))  # transpose 2
     assert out is not None
+    backward.clear()
     first_pad = min(max(call.total - rank * tl, 0), tl)
     if first_pad < tl:
         out[first_pad:].zero_()

@@ -134,6 +134,10 @@ def _run_case(case: dict, rank: int, world: int, backend: str) -> tuple:
     if case.get("split") and rank >= world // 2:
         case = {**case, "seed": case.get("seed", 0) + 1}  # the second group: other inputs
     q, k, v = case_inputs(case)
+    if case.get("helpers"):  # shard_sequence / gather_sequence round trip
+        full = parallel.gather_sequence(parallel.shard_sequence(q, group=group), case["T"],
+                                        group=group)
+        return ("ok", full)
     bounds = list(case["bounds"])
     shards = [_shard(x, sub_rank, sub_world) for x in (q, k, v)]
     if case["T"] % sub_world:  # padding rows: garbage that must be ignored

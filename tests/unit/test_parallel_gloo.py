@@ -62,6 +62,7 @@ def _cases(world: int) -> list[dict]:
             case["bad"] = {"rank": rank, "what": what}
         cases.append(case)
     cases.append({**GOOD["nvfp4_host"], "name": "after_errors", "H": heads})
+    cases.append({"name": "helpers", "T": 301, "H": 3, "helpers": True})
     if world == 4:  # two groups of 2 ranks, each with a sequence of its own
         cases.append({**GOOD["nvfp4_host"], "name": "split", "H": 4, "split": True, "seed": 7})
     return cases
@@ -101,6 +102,15 @@ def _check_good(case: dict, per_rank: list[tuple], world: int) -> None:
 def test_equals_unsharded_reference(runs, world: int, name: str) -> None:
     case, per_rank = _result(runs, world, name)
     _check_good(case, per_rank, world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_shard_and_gather_sequence(runs, world: int) -> None:
+    case, per_rank = _result(runs, world, "helpers")
+    q = _ulysses.case_inputs(case)[0]
+    for r, res in enumerate(per_rank):
+        assert res[0] == "ok", f"rank {r}: {res}"
+        assert torch.equal(res[1], q)
 
 
 def test_two_groups_of_two(runs) -> None:
