@@ -1,5 +1,6 @@
-"""Ulysses sequence parallelism on the CPU: 2 and 4 processes on the gloo backend, the torch
-reference as the per-rank ``attention``, outputs equal to the unsharded reference bit for bit.
+"""Ulysses sequence parallelism on the CPU: 2 and 4 processes on the gloo backend (and the
+all-to-all path forced on a group of one), the torch reference as the per-rank ``attention``,
+outputs equal to the unsharded reference bit for bit.
 
 Every case of a world size runs in one group of fresh processes (``_ulysses.launch``, about a
 second for all of them), in order, so the error cases also show that a rejected call leaves the
@@ -53,6 +54,8 @@ BAD = [
 def _cases(world: int) -> list[dict]:
     heads = 2 * world
     cases = [{**c, "name": n, "H": heads} for n, c in GOOD.items()]
+    if world == 1:  # the all-to-all path forced on a group of one
+        return [{**c, "force": True} for c in cases]
     for name, what, rank, _, _ in BAD:
         case = {"name": "bad_" + name, "T": 300, "H": heads, "bounds": CROSSING,
                 "op": "nvfp4", "host": True, "chunks": 2}
@@ -71,7 +74,7 @@ def _cases(world: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(torch_one_thread) -> dict[int, tuple[list[dict], list[list[tuple]]]]:
     out = {}
-    for world in (2, 4):
+    for world in (1, 2, 4):
         cases = _cases(world)
         out[world] = (cases, _ulysses.launch(world, cases))
     return out
@@ -97,8 +100,9 @@ def _check_good(case: dict, per_rank: list[tuple], world: int) -> None:
     assert not full[case["T"]:].any(), "padding rows must be zero"
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("name", list(GOOD) + ["after_errors"])
+@pytest.mark.parametrize(("world", "name"), [
+    (w, n) for w in (1, 2, 4) for n in [*GOOD, "after_errors"] if (w, n) != (1, "after_errors")
+])
 def test_equals_unsharded_reference(runs, world: int, name: str) -> None:
     case, per_rank = _result(runs, world, name)
     _check_good(case, per_rank, world)
