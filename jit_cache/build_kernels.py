@@ -1,13 +1,20 @@
-"""Fill jit_cache/flashinfer_h3_jit_cache/kernels/ with every module of flashinfer_h3.
+"""Fill jit_cache/flashinfer_h3_jit_cache/kernels/ with every kernel module of flashinfer_h3.
 
 Usage: python jit_cache/build_kernels.py [--arch sm_90a,sm_120a] [--op utils,nvfp4,fp8]
-Needs nvcc and flashinfer_h3 importable; no GPU. Then ``pip wheel --no-deps ./jit_cache``.
+
+The modules come from the JIT's module registry (flashinfer_h3.jit.modules: every
+production module, for each arch it supports), so a new module is shipped without editing this
+file. Needs nvcc and flashinfer_h3 importable, no GPU; modules already in the JIT cache
+(FLASHINFER_H3_CACHE_DIR) are copied, not rebuilt. kernels/ is replaced as a whole (no stale .so).
+Then: pip wheel --no-deps -w dist ./jit_cache
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -16,14 +23,57 @@ sys.path.insert(0, str(HERE))
 import flashinfer_h3_jit_cache  # noqa: E402
 
 from flashinfer_h3 import __version__  # noqa: E402
-from flashinfer_h3.jit import OPS, KernelConfig, export_prebuilt, parse_arch_list  # noqa: E402
+from flashinfer_h3.jit import KernelConfig, export_prebuilt, parse_arch_list  # noqa: E402
+from flashinfer_h3.jit.spec import SUPPORTED_HEAD_DIMS  # noqa: E402
 
 
-def main() -> int:
+def production_modules() -> list[tuple[str, tuple[str, ...] | None]]:
+    """(module name, archs it is built for or None for all) of every production module, from
+    the JIT's module registry: a module registered there is shipped without editing this file."""
+    try:
+        from flashinfer_h3.jit.modules import production_modules as registered
+    except ImportError:  # a flashinfer_h3 from before jit/modules.py: every op of OPS
+        from flashinfer_h3.jit import OPS
+
+        return [(name, None) for name in OPS]
+    return [(m.name, tuple(m.archs)) for m in registered()]
+
+
+def module_configs(archs: list[str], only: list[str] | None = None) -> list[KernelConfig]:
+    """Every production module (or those named in ``only``) for each arch it supports."""
+    modules = production_modules()
+    if only is not None:
+        known = {name for name, _ in modules}
+        unknown = [name for name in only if name not in known]
+        if unknown:
+            raise SystemExit(
+                f"build_kernels --op: unknown module(s) {', '.join(unknown)}; expected "
+                f"{', '.join(sorted(known))}"
+            )
+    return [
+        KernelConfig(name, head_dim, arch)
+        for arch in archs
+        for name, supported in modules
+        if (only is None or name in only) and (supported is None or arch in supported)
+        for head_dim in SUPPORTED_HEAD_DIMS
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="sm_90a,sm_120a")
-    parser.add_argument("--op", default=",".join(OPS))
-    args = parser.parse_args()
+    parser.add_argument(
+        "--arch", default="sm_90a,sm_120a", help="comma-separated targets (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--op", help="comma-separated modules (default: every production module)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=flashinfer_h3_jit_cache.kernel_dir(),
+        help="output directory (default: the package's kernels/)",
+    )
+    args = parser.parse_args(argv)
     if flashinfer_h3_jit_cache.__version__ != __version__:
         print(
             f"flashinfer_h3_jit_cache {flashinfer_h3_jit_cache.__version__} != flashinfer_h3 "
@@ -31,13 +81,23 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    configs = [
-        KernelConfig(op, 128, arch)
-        for arch in parse_arch_list(args.arch)
-        for op in args.op.split(",")
-    ]
-    manifest = export_prebuilt(configs, flashinfer_h3_jit_cache.kernel_dir())
-    print(f"wrote {len(configs)} kernel(s); manifest {manifest}")
+    ops = [o.strip() for o in args.op.split(",") if o.strip()] if args.op else None
+    configs = module_configs(parse_arch_list(args.arch), ops)
+    if not configs:
+        print("build_kernels: no module to build", file=sys.stderr)
+        return 1
+    print(f"build_kernels: {len(configs)} module(s): " + ", ".join(c.name for c in configs))
+    out: Path = args.out
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    start = time.perf_counter()
+    export_prebuilt(configs, staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    print(
+        f"build_kernels: wrote {len(configs)} kernel(s) to {out} in "
+        f"{time.perf_counter() - start:.1f} s; manifest {out / 'manifest.json'}"
+    )
     return 0
 
 
