@@ -11,8 +11,11 @@ or ``("err", exception type name, message)``.
 A case is a dict: ``T`` real tokens, ``H`` heads, ``bounds`` (global cu_seqlens),
 ``op`` ("nvfp4" | "fp8" | "oracle": the reference function used as ``attention``; for NCCL
 cases the public operator of that precision), optional ``scale``, ``host`` (pass
-``cu_seqlens_host``), ``chunks``, ``seed``, and ``bad``: ``{"rank": r or None (all), "what": ...}``
-to corrupt one rank's arguments (see ``_corrupt``).
+``cu_seqlens_host``), ``chunks``, ``seed``, ``force`` (the all-to-all path at world size 1),
+``graph`` (NCCL: also capture the call into a CUDA graph and replay it), ``split`` (two groups
+of ``W/2`` ranks), ``helpers`` (shard/gather round trip), and
+``bad``: ``{"rank": r or None (all), "what": ...}`` to corrupt one rank's arguments (see
+``_corrupt``).
 """
 
 from __future__ import annotations
@@ -163,14 +166,35 @@ def _run_case(case: dict, rank: int, world: int, backend: str) -> tuple:
             chunks = 1 if chunks != 1 else 2
         else:
             _corrupt(bad["what"], args, kwargs)
+    precision = kwargs.pop("precision", "nvfp4")
+    attention = kwargs.pop("attention", None)
+    host = kwargs.pop("cu_seqlens_host", None)
+
+    def call() -> torch.Tensor:
+        return parallel._ulysses(*args, precision=precision, attention=attention,
+                                 cu_seqlens_host=host, chunks=chunks,
+                                 force_collectives=case.get("force", False), **kwargs)
+
     try:
-        out = parallel._ulysses(*args, precision=kwargs.pop("precision", "nvfp4"),
-                                attention=kwargs.pop("attention", None),
-                                cu_seqlens_host=kwargs.pop("cu_seqlens_host", None),
-                                chunks=chunks,
-                                force_collectives=case.get("force", False), **kwargs)
+        out = call()
     except Exception as exc:  # noqa: BLE001
         return ("err", type(exc).__name__, str(exc))
+    if case.get("graph"):  # captured into a CUDA graph (after the eager call above)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = call()
+        for _ in range(2):
+            captured.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(captured, out):
+            return ("err", "AssertionError", "a graph replay differs from the eager call")
+        out = captured
     result: tuple = ("ok", out.cpu())
     if backend == "nccl":  # against the single-GPU operator on the full inputs, this GPU
         fn = (ops.minimax_h3_sm120_varlen_attention_nvfp4 if case["op"] == "nvfp4"

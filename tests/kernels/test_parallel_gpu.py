@@ -4,7 +4,8 @@ inputs, bit for bit (attention is per head: every rank does exactly the unsharde
 - world size 1 (one GPU, this process): the all-to-all path forced on a 1-rank NCCL group, with
   1 and 2 head chunks, eager and captured into a CUDA graph; and the direct path;
 - 2 and 4 GPUs (skipped unless present): fresh processes (``_ulysses.launch``), segments crossing
-  the shard boundaries, an empty segment, padding, head chunks, both precisions.
+  the shard boundaries, an empty segment, padding, head chunks, both precisions, an error on one
+  rank, and a CUDA graph capture (padded, 2 chunks) replayed twice.
 
 Small shapes: the whole file takes seconds once the kernels are built.
 """
@@ -103,6 +104,8 @@ def test_multi_gpu_nccl_equals_single_gpu_operator(world: int) -> None:
          "bad": {"rank": 1, "what": "heads"}},
         {"name": "after_error", "T": 4096, "H": 2 * world, "bounds": BOUNDS, "op": "nvfp4",
          "host": True},
+        {"name": "nvfp4_graph", "T": 4097, "H": 4 * world, "bounds": (0, 3000, 3000, 4097),
+         "op": "nvfp4", "host": True, "chunks": 2, "graph": True},
     ]
     results = _ulysses.launch(world, cases, backend="nccl", timeout=600)
     for i, case in enumerate(cases):
