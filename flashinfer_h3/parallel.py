@@ -339,6 +339,15 @@ def _signature(call: _Call | None, error: Exception | None, q: Any, world: int) 
     return [sig[f] for f in _SIG_FIELDS]
 
 
+def _has_cpu_backend(config: str) -> bool:
+    """Whether a backend config (``"cpu:gloo,cuda:nccl"``, ``"cuda:nccl"``, or a bare backend
+    name from old torch: ``"gloo"``, ``"nccl"``) takes CPU tensors."""
+    config = config.strip().lower()
+    if ":" not in config:
+        return config in ("gloo", "mpi")
+    return any(part.split(":")[0].strip() == "cpu" for part in config.split(","))
+
+
 def _signature_device(group: dist.ProcessGroup | None, q: Any) -> torch.device | None:
     """Where the signature travels: the host when the group has a CPU backend, else the GPU
     (``None``: no way to compare during a CUDA graph capture)."""
@@ -346,9 +355,7 @@ def _signature_device(group: dist.ProcessGroup | None, q: Any) -> torch.device |
         config = dist.get_backend_config(group)
     except Exception:  # noqa: BLE001 (old torch or an unusual group: use its backend name)
         config = str(dist.get_backend(group))
-    devices = {part.split(":")[0] for part in config.lower().split(",")} if ":" in config \
-        else {"cpu" if config.lower() in ("gloo", "mpi") else "cuda"}
-    if "cpu" in devices:
+    if _has_cpu_backend(config):
         return torch.device("cpu")
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None

@@ -2,7 +2,8 @@
 inputs, bit for bit (attention is per head: every rank does exactly the unsharded per-head work).
 
 - world size 1 (one GPU, this process): the all-to-all path forced on a 1-rank NCCL group, with
-  1 and 2 head chunks, eager and captured into a CUDA graph; and the direct path;
+  1 and 2 head chunks, eager, sync-free (check on the host, or off) and captured into a CUDA
+  graph; and the direct path;
 - 2 and 4 GPUs (skipped unless present): fresh processes (``_ulysses.launch``), segments crossing
   the shard boundaries, an empty segment, padding, head chunks, both precisions, an error on one
   rank, and a CUDA graph capture (padded, 2 chunks) replayed twice.
@@ -28,14 +29,21 @@ BOUNDS = (0, 1000, 1000, 2047, 2049, 4096)  # crosses 2048 (W = 2) and 1024, 307
 
 
 @pytest.fixture(scope="module")
-def world_one():
+def groups() -> dict[str, dist.ProcessGroup]:
+    """A world of one in this process: ``mixed`` (the world, ``cpu:gloo,cuda:nccl``: the argument
+    check travels on the host) and ``nccl`` (NCCL only: the check is a device all-gather)."""
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_ulysses.free_port()}",
-                            rank=0, world_size=1)
-    yield dist.group.WORLD
+    dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{_ulysses.free_port()}")
+    yield {"mixed": dist.group.WORLD, "nccl": dist.new_group([0], backend="nccl")}
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def world_one(groups) -> dist.ProcessGroup:
+    return groups["nccl"]
 
 
 def _inputs(tokens: int, heads: int, bounds: tuple[int, ...]):
@@ -60,6 +68,32 @@ def test_world_size_one_nccl(world_one, op: str) -> None:
         parallel._ulysses(q[:-1], k[:-1], v[:-1], cu, group=world_one, precision=op,
                           attention=None, cu_seqlens_host=None, softmax_scale=None,
                           force_collectives=True)
+
+
+def test_world_size_one_sync_free(groups) -> None:
+    """With cu_seqlens_host and the check on the host (or off), a call makes no host sync."""
+    if ops._backend("nvfp4", torch.device("cuda", torch.cuda.current_device())).name == \
+            "reference":
+        pytest.skip("the NVFP4 operator runs on the reference backend here (it synchronises)")
+    q, k, v, cu = _inputs(4096, 4, BOUNDS)
+    host = list(BOUNDS)
+    for group in (groups["mixed"], groups["nccl"]):
+        want = parallel._ulysses(q, k, v, cu, group=group, precision="nvfp4", attention=None,
+                                 cu_seqlens_host=host, softmax_scale=None, chunks=2,
+                                 force_collectives=True)  # warm: plans, communicators
+    torch.cuda.synchronize()
+    for group, check in ((groups["mixed"], "1"), (groups["nccl"], "0")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(parallel.ENV_CHECK, check)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = parallel._ulysses(q, k, v, cu, group=group, precision="nvfp4",
+                                        attention=None, cu_seqlens_host=host,
+                                        softmax_scale=None, chunks=2, force_collectives=True)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
 
 
 def test_world_size_one_cuda_graph(world_one) -> None:

@@ -183,3 +183,10 @@ def test_chunk_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(parallel.ENV_CHUNKS, "two")
     with pytest.raises(ValueError, match="'auto' or a positive int"):
         parallel._chunks(None, 14, 512, 4)
+
+
+def test_which_groups_carry_the_check_on_the_host() -> None:
+    host = parallel._has_cpu_backend
+    assert host("cpu:gloo,cuda:nccl") and host("cuda:nccl,cpu:gloo") and host("cpu:gloo,cuda:gloo")
+    assert host("gloo") and host("GLOO")
+    assert not host("cuda:nccl") and not host("nccl")
