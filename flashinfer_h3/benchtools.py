@@ -1,0 +1,199 @@
+"""Helpers of ``python -m flashinfer_h3 bench``: the sampled FP32 oracle of the accuracy column,
+the optional peers, and the PNG plot. No GPU needed to import; torch is imported lazily."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HEAD_DIM = 128
+ROWS_PER_SEGMENT = 64
+BENCH_EXTRA_HINT = "pip install 'flashinfer-h3[bench]'"
+
+
+# ---------------------------------------------------------------------------------------------
+# accuracy: relative L2 against the FP32 oracle on sampled rows
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampledOracle:
+    """Exact FP32 attention of some query rows: ``rows`` (int64 token indices) and ``out``
+    (``[len(rows), heads, 128]`` FP32)."""
+
+    rows: Any
+    out: Any
+
+    def rel_l2(self, packed_out: Any) -> float:
+        """Relative L2 error of ``packed_out[rows]`` (``[tokens, heads, 128]``) vs the oracle."""
+        got = packed_out.index_select(0, self.rows.to(packed_out.device)).double()
+        ref = self.out.to(got.device).double()
+        if not bool(got.isfinite().all()):
+            return math.inf
+        return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def sampled_oracle(q: Any, k: Any, v: Any, bounds: Sequence[int], *, seed: int = 0,
+                   rows_per_segment: int = ROWS_PER_SEGMENT,
+                   softmax_scale: float | None = None) -> SampledOracle:
+    """The exact attention (FP32 inputs, FP32 softmax) of up to ``rows_per_segment`` random
+    query rows of every segment, on the inputs' device. Cost: ``rows * segment length`` per row
+    sampled, so a full-size preset takes milliseconds on a GPU."""
+    import torch
+
+    scale = softmax_scale if softmax_scale is not None else HEAD_DIM**-0.5
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rows, outs = [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+        length = b - a
+        if length <= 0:
+            continue
+        take = min(rows_per_segment, length)
+        idx = a + torch.randperm(length, generator=gen)[:take].sort().values
+        ks, vs = k[a:b].float(), v[a:b].float()  # [L, H, D]
+        for chunk in idx.split(16):
+            qs = q.index_select(0, chunk.to(q.device)).float()  # [r, H, D]
+            scores = torch.einsum("rhd,lhd->hrl", qs, ks) * scale
+            probs = torch.softmax(scores, dim=-1)
+            outs.append(torch.einsum("hrl,lhd->rhd", probs, vs))
+        rows.append(idx)
+    if not rows:
+        empty = torch.empty(0, dtype=torch.int64)
+        return SampledOracle(empty, torch.empty(0, q.shape[1], HEAD_DIM))
+    return SampledOracle(torch.cat(rows), torch.cat(outs))
+
+
+# ---------------------------------------------------------------------------------------------
+# peers
+# ---------------------------------------------------------------------------------------------
+
+
+def segments(bounds: Sequence[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
+
+
+def scatter_segments(outputs: Sequence[Any], bounds: Sequence[int], like: Any,
+                     layout: str) -> Any:
+    """Per-segment outputs (``[1, H, L, D]`` for ``"HND"``, ``[1, L, H, D]`` for ``"NHD"``) ->
+    one packed ``[tokens, H, D]`` tensor (for the accuracy column; not timed)."""
+    import torch
+
+    packed = torch.zeros_like(like)
+    for (a, b), o in zip(segments(bounds), outputs, strict=True):
+        packed[a:b] = o[0].transpose(0, 1) if layout == "HND" else o[0]
+    return packed
+
+
+def sdpa_peer(q: Any, k: Any, v: Any, bounds: Sequence[int], backend: Any
+              ) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """PyTorch BF16 SDPA with one backend, one call per segment on ``[1, H, L, 128]`` views:
+    ``(run, to_packed)``."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    views = [tuple(t[a:b].unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+             for a, b in segments(bounds)]
+
+    def run() -> list[Any]:
+        with sdpa_kernel([backend]), torch.no_grad():
+            return [F.scaled_dot_product_attention(qq, kk, vv) for qq, kk, vv in views]
+
+    return run, lambda outs: scatter_segments(outs, bounds, q, "HND")
+
+
+def sageattention_available() -> bool:
+    return importlib.util.find_spec("sageattention") is not None
+
+
+def sageattention_peer(q: Any, k: Any, v: Any, bounds: Sequence[int]
+                       ) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """SageAttention's ``sageattn`` (the installed release picks its kernel for the GPU), one
+    call per segment on ``[1, L, H, 128]`` (NHD) views."""
+    from sageattention import sageattn
+
+    views = [tuple(t[a:b].unsqueeze(0) for t in (q, k, v)) for a, b in segments(bounds)]
+
+    def run() -> list[Any]:
+        return [sageattn(qq, kk, vv, tensor_layout="NHD", is_causal=False)
+                for qq, kk, vv in views]
+
+    return run, lambda outs: scatter_segments(outs, bounds, q, "NHD")
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+# ---------------------------------------------------------------------------------------------
+
+
+def _short(value: float) -> str:
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def require_matplotlib() -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"bench --plot needs matplotlib: {BENCH_EXTRA_HINT}")
+
+
+def plot(payload: dict[str, Any], path: str) -> None:
+    """Grouped bars, one group per preset and one bar per implementation: TFLOP/s (top) and
+    milliseconds (bottom), each bar labelled; failed measurements are left out."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = payload["runs"]
+    names: list[str] = []
+    for run in runs:
+        for r in run["results"]:
+            if r.get("ms") is not None and r["name"] not in names:
+                names.append(r["name"])
+    presets = [run["preset"] for run in runs]
+    wide = 1.6 + 0.65 * len(presets) * max(1, len(names))
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, wide), 8.5))
+    width = 0.8 / max(1, len(names))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key, unit in ((axes[0], "tflops", "TFLOP/s"), (axes[1], "ms", "ms (median)")):
+        for j, name in enumerate(names):
+            xs, ys = [], []
+            for i, run in enumerate(runs):
+                row = next((r for r in run["results"] if r["name"] == name), None)
+                if row is not None and row.get(key) is not None:
+                    xs.append(i + (j - (len(names) - 1) / 2) * width)
+                    ys.append(row[key])
+            bars = ax.bar(xs, ys, width, label=name, color=colors[j % len(colors)])
+            ax.bar_label(bars, labels=[_short(y) for y in ys], fontsize=7, padding=1)
+        ax.set_xticks(range(len(presets)))
+        ax.set_xticklabels([
+            f"{run['preset']}\n{sum(run['lengths']):,} tok x {run['heads']} heads"
+            for run in runs
+        ])
+        ax.set_ylabel(unit)
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.12)
+    axes[0].legend(fontsize=8, ncol=min(3, max(1, len(names))), loc="upper center",
+                   bbox_to_anchor=(0.5, -0.18))
+    # The accuracy column under the time panel: relative L2 vs the FP32 oracle per bar.
+    lines = []
+    for run in runs:
+        cells = [f"{r['name']} {r['rel_l2']:.3f}" for r in run["results"]
+                 if r.get("rel_l2") is not None]
+        if cells:
+            lines.append(f"{run['preset']}: " + ", ".join(cells))
+    if lines:
+        fig.text(0.01, 0.005, "relative L2 vs FP32 oracle (sampled rows) - " + "\n".join(lines),
+                 fontsize=6.5, va="bottom", ha="left")
+    versions = payload.get("versions", {})
+    title = f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}"
+    sub = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    axes[0].set_title(title + (f"\n{sub}" if sub else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0.02 + 0.018 * len(lines), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,136 @@
+"""``python -m flashinfer_h3 bench`` on the CPU: plain help, option checks, no silent huge CPU
+run, the sampled oracle of the accuracy column, the JSON layout and the plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashinfer_h3 import benchtools
+from flashinfer_h3.__main__ import PRESETS, build_parser, main
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+
+
+def _help(*argv: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "flashinfer_h3", *argv, "--help"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+
+
+@pytest.mark.parametrize("argv", [(), ("info",), ("warmup",), ("check",), ("bench",)])
+def test_help_is_plain_text(argv: tuple[str, ...]) -> None:
+    text = _help(*argv)
+    assert "``" not in text and ":func:" not in text and ":class:" not in text
+    assert text.startswith("usage: python -m flashinfer_h3")
+
+
+def test_every_option_has_help() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"{name} {action.option_strings} has no help"
+    bench = _help("bench")
+    for option in ("--iters", "--warmup", "--seed", "--json", "--plot", "--preset"):
+        assert option in bench
+    for preset in PRESETS:
+        assert preset in bench
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--iters", "0"], "--iters: must be >= 1, got 0"),
+        (["bench", "--iters", "-3"], "--iters: must be >= 1"),
+        (["bench", "--warmup", "-1"], "--warmup: must be >= 0"),
+    ],
+)
+def test_bench_rejects_bad_counts(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@no_gpu
+@pytest.mark.parametrize("preset", ["h3-mix", "h3-10s", "small,h3-15s-sp4", "all"])
+def test_bench_refuses_gpu_presets_without_a_gpu(preset: str, capsys) -> None:
+    assert main(["bench", "--preset", preset]) == 2
+    captured = capsys.readouterr()
+    assert "no CUDA GPU visible" in captured.out and "On a GPU this command times" in captured.out
+    assert "needs a CUDA GPU" in captured.err and "only --preset small runs" in captured.err
+    assert "tokens x" in captured.err  # the shape that would have run
+    assert "reference (CPU)" not in captured.out  # nothing started
+
+
+def test_bench_plot_without_matplotlib_fails_before_measuring(monkeypatch, capsys) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["bench", "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err
+    assert "needs matplotlib" in err and "flashinfer-h3[bench]" in err
+
+
+def test_sampled_oracle_matches_the_full_oracle() -> None:
+    from flashinfer_h3.reference import attention_oracle
+
+    g = torch.Generator().manual_seed(3)
+    bounds = [0, 70, 70, 300]
+    q, k, v = (torch.randn(300, 2, 128, generator=g).bfloat16() for _ in range(3))
+    full = attention_oracle(q, k, v, torch.tensor(bounds, dtype=torch.int32),
+                            cu_seqlens_host=bounds)
+    sampled = benchtools.sampled_oracle(q, k, v, bounds, rows_per_segment=20, seed=1)
+    assert len(sampled.rows) == 40 and sampled.rows.unique().numel() == 40
+    assert torch.allclose(sampled.out, full.float()[sampled.rows], atol=2e-2, rtol=0)
+    assert sampled.rel_l2(full) < 1e-2
+    noisy = full.float() + 0.1 * torch.randn(full.shape, generator=g)
+    assert 0.05 < sampled.rel_l2(noisy) < 1.0
+    assert sampled.rel_l2(torch.full_like(full, float("nan"))) == float("inf")
+
+
+def _payload() -> dict:
+    runs = []
+    for name in ("h3-10s", "h3-mix"):
+        p = PRESETS[name]
+        runs.append({
+            "preset": name, "lengths": list(p.lengths), "heads": p.heads, "flops": 1e12,
+            "results": [
+                {"name": "flashinfer_h3 nvfp4", "ms": 20.0, "tflops": 50.0, "rel_l2": 0.19},
+                {"name": "torch SDPA cuDNN bf16", "ms": 40.0, "tflops": 25.0, "rel_l2": 0.004},
+                {"name": "SageAttention", "ms": None, "tflops": None, "rel_l2": None,
+                 "error": "ImportError: x"},
+            ],
+        })
+    return {"flashinfer_h3": "0.1.0", "device": "NVIDIA H200", "versions": {"torch": "2.13"},
+            "runs": runs}
+
+
+def test_plot_draws_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs the bench extra")
+    out = tmp_path / "bench.png"
+    benchtools.plot(_payload(), str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+@no_gpu
+def test_bench_cpu_writes_json_with_accuracy_and_a_plot(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs the bench extra")
+    report, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert main(["bench", "--op", "fp8", "--json", str(report), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "segments [1,000, 537] = 1,537 tokens x 4 heads x 128" in out
+    assert "[1/1] fp8 reference (CPU): running" in out and "rel L2 vs FP32 oracle" in out
+    data = json.loads(report.read_text())
+    assert data["preset"] == "small" and [r["preset"] for r in data["runs"]] == ["small"]
+    (row,) = data["results"]
+    assert 0 < row["rel_l2"] <= 0.06  # SPEC 5's FP8 bar
+    assert {"date", "versions", "iters", "warmup", "seed"} <= set(data)
+    assert png.read_bytes()[:4] == b"\x89PNG"
