@@ -110,8 +110,10 @@ def _worker(rank: int, world: int, port: int, backend: str, cases: list[dict],
         torch.set_num_threads(1)
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        # NCCL: room for a first JIT build of the kernels (the ranks build before they meet).
+        seconds = 300 if backend == "nccl" else 60
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
+                                world_size=world, timeout=datetime.timedelta(seconds=seconds))
         payload = [_run_case(case, rank, world, backend) for case in cases]
         dist.barrier()
         dist.destroy_process_group()
