@@ -197,3 +197,44 @@ def plot(payload: dict[str, Any], path: str) -> None:
     fig.tight_layout(rect=(0, 0.02 + 0.018 * len(lines), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# markdown (docs/benchmarks.md)
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown_table(payload: dict[str, Any]) -> str:
+    """The results of a ``bench --json`` file as the markdown table of docs/benchmarks.md."""
+    versions = ", ".join(f"{k} {v}" for k, v in payload.get("versions", {}).items() if v)
+    lines = [
+        f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}, "
+        f"{payload.get('date', 'date unknown')}; {versions}; median of {payload.get('iters')} "
+        f"runs after {payload.get('warmup')} warm-up, seed {payload.get('seed')}.",
+        "",
+        "| preset | implementation | ms | TFLOP/s | x cuDNN | rel L2 vs FP32 oracle |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for run in payload["runs"]:
+        shape = f"{run['preset']} ({sum(run['lengths']):,} x {run['heads']})"
+        cudnn = next((r["ms"] for r in run["results"]
+                      if r["name"] == "torch SDPA cuDNN bf16" and r.get("ms")), None)
+        for r in run["results"]:
+            if r.get("ms") is None:
+                lines.append(f"| {shape} | {r['name']} | n/a | | | {r.get('error', '')} |")
+                continue
+            ratio = f"{cudnn / r['ms']:.2f}" if cudnn else ""
+            rel = f"{r['rel_l2']:.4f}" if r.get("rel_l2") is not None else ""
+            lines.append(f"| {shape} | {r['name']} | {r['ms']:.3f} | {r['tflops']:.1f} | "
+                         f"{ratio} | {rel} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m flashinfer_h3.benchtools BENCH.json  (prints a markdown table)")
+    with open(sys.argv[1]) as f:
+        print(markdown_table(json.load(f)))

@@ -134,3 +134,11 @@ def test_bench_cpu_writes_json_with_accuracy_and_a_plot(tmp_path: Path, capsys) 
     assert 0 < row["rel_l2"] <= 0.06  # SPEC 5's FP8 bar
     assert {"date", "versions", "iters", "warmup", "seed"} <= set(data)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_markdown_table_of_a_bench_json() -> None:
+    text = benchtools.markdown_table({**_payload(), "date": "2026-12-01", "iters": 10,
+                                      "warmup": 2, "seed": 0})
+    assert "NVIDIA H200, 2026-12-01; torch 2.13; median of 10 runs" in text
+    assert "| h3-10s (61,440 x 56) | flashinfer_h3 nvfp4 | 20.000 | 50.0 | 2.00 | 0.1900 |" in text
+    assert "| h3-mix (61,261 x 56) | SageAttention | n/a | | | ImportError: x |" in text
