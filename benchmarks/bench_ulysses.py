@@ -90,7 +90,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=61_440, help="global tokens (one segment)")
     parser.add_argument("--heads", type=int, default=56)
-    parser.add_argument("--precision", choices=parallel.PRECISIONS, default="nvfp4")
+    parser.add_argument("--precision", choices=parallel.PRECISIONS, default="nvfp4",
+                        help="fp8 runs on the torch reference until its kernel lands: slow, use "
+                             "a small --tokens")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--chunks", default="1,2", help="head-chunk counts to time")
