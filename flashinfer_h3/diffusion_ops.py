@@ -5,16 +5,16 @@ One call, in order (``_varlen_attention``)::
     check scalars, tensors, devices          nothing launched yet; ``out`` untouched on error
     bounds = cu_seqlens_host or cu_seqlens   a D2H copy only without cu_seqlens_host
     check bounds (on a plan-cache miss)      cu_seqlens[0] == 0, non-decreasing, [-1] == tokens
-    backend = kernel or reference            RuntimeError: GPU, toolchain, capture
+    backend = backends.prepared(op, device)  RuntimeError: GPU, toolchain, capture
     plan  = PLANS.get(bounds, heads, device)          plan.py (LRU; under capture: built on device)
     views = workspace of (device, stream)             workspace.py (grow-only; under capture: temp)
-    quantize -> attention                             kernels on torch's current stream
+    backend.launch(...)                               kernels on torch's current stream
 
-Backends. ``FLASHINFER_H3_NVFP4_BACKEND`` = ``auto`` (default) | ``sm120`` | ``sm120_emulated``
-| ``reference``. ``auto`` runs the kernels (``sm120`` on compute capability 12.x, the emulated
-SM120 kernel on 9.0). ``reference`` runs the torch emulation (``reference.py``)
-on the GPU: the exact recipe, slow, not sync-free and not capturable into a CUDA graph. The FP8
-operator runs on the reference until its attention kernel lands.
+Backends (``backends.py``): which kernel (or the torch reference) runs each operator on this GPU,
+chosen by ``flashinfer_h3.use_backend`` / ``set_backend`` or ``FLASHINFER_H3_NVFP4_BACKEND`` /
+``FLASHINFER_H3_FP8_BACKEND`` (default ``auto``). The ``reference`` backend runs the torch
+emulation (``reference.py``) on the GPU: the exact recipe, slow, not sync-free and not
+capturable into a CUDA graph; the FP8 operator runs on it until an FP8 kernel is registered.
 
 torch integration. Each operator is also a custom op (``torch.ops.flashinfer_h3.*``) with a
 fake implementation, used only while ``torch.compile`` traces (``torch.compiler.is_compiling()``),
@@ -25,16 +25,15 @@ so eager calls skip the dispatcher. In compiled code ``cu_seqlens_host`` travels
 import math
 import numbers
 import operator
-import os
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .layout import HEAD_DIM, workspace_bytes_fp8, workspace_bytes_nvfp4
+from . import backends
+from .constants import HEAD_DIM
+from .layout import workspace_bytes_fp8, workspace_bytes_nvfp4
 from .plan import PLANS, Plan, captured_plan
 from .workspace import captured_views, eager_views, layout_for
 
@@ -49,8 +48,8 @@ __all__ = [
 ]
 
 DEFAULT_SOFTMAX_SCALE = 1.0 / math.sqrt(HEAD_DIM)
-ENV_NVFP4_BACKEND = "FLASHINFER_H3_NVFP4_BACKEND"
-NVFP4_BACKENDS = ("auto", "sm120", "sm120_emulated", "reference")
+ENV_NVFP4_BACKEND = backends.ENV_BACKEND["nvfp4"]
+ENV_FP8_BACKEND = backends.ENV_BACKEND["fp8"]
 _INT32_MAX = 2**31 - 1
 _BF16 = torch.bfloat16
 _I32 = torch.int32
@@ -102,8 +101,9 @@ def minimax_h3_sm120_varlen_attention_fp8(
     """FP8 (E4M3) non-causal packed-varlen self-attention (SPEC 4); same contract as
     :func:`minimax_h3_sm120_varlen_attention_nvfp4`.
 
-    Runs on the torch emulation of the recipe until the FP8 attention kernel lands (slow; it
-    synchronises and cannot be captured into a CUDA graph).
+    Runs on the torch emulation of the recipe where no FP8 kernel backend is registered for the
+    GPU (slow; it synchronises and cannot be captured into a CUDA graph): see
+    ``python -m flashinfer_h3 info``.
     """
     if torch.compiler.is_compiling():
         return _compiled_call("fp8", q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
@@ -131,22 +131,23 @@ def _varlen_attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tens
     check_cuda(q)  # last, so that CPU tensors reach every check above
     backend = _backend(op, device)  # RuntimeError before any launch: GPU, toolchain
     if capturing and not backend.capturable:
-        raise RuntimeError(_NOT_CAPTURABLE[op])
+        raise RuntimeError(_not_capturable(op, backend))
     if out is None:
         out = torch.empty_like(q)
     if tokens == 0:
         return out
-    if backend.uses_workspace:
-        layout = layout_for(op, tokens, heads, len(bounds) - 1)
-        if capturing:  # tables (built from cu_seqlens) and workspace: temporaries
-            plan, views = captured_plan(bounds, heads, cu_seqlens), captured_views(layout, device)
-        else:
-            plan = plan if plan is not None else PLANS.get(bounds, heads, device)
-            plan.ready(stream)
-            views = eager_views(layout, device, stream)
-        backend.run(q, k, v, out, scale, bounds, plan, views)
+    workspace = backend.workspace
+    if workspace is None:  # the reference: host bounds only
+        backend.launch(q, k, v, out, scale, bounds, None, ())
+        return out
+    layout = layout_for(workspace, tokens, heads, len(bounds) - 1)
+    if capturing:  # tables (built from cu_seqlens) and workspace: temporaries
+        plan, views = captured_plan(bounds, heads, cu_seqlens), captured_views(layout, device)
     else:
-        backend.run(q, k, v, out, scale, bounds, None, ())
+        plan = plan if plan is not None else PLANS.get(bounds, heads, device)
+        plan.ready(stream)
+        views = eager_views(layout, device, stream)
+    backend.launch(q, k, v, out, scale, bounds, plan, views)
     return out
 
 
@@ -344,115 +345,32 @@ def _stream_state(device: torch.device) -> tuple[int, bool]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Backends
+# Backends (backends.py holds the registry; these names stay for callers of earlier releases)
 # ---------------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class _Backend:
-    """How one operator runs on one device."""
-
-    name: str  # "sm120" | "sm120_emulated" | "reference"
-    run: Callable[..., None]  # (q, k, v, out, scale, bounds, plan, views) -> None
-    uses_workspace: bool  # kernel backends: plan tables + workspace views
-    capturable: bool  # may run during CUDA graph capture
+#: ``_backend(op, device)``: the prepared backend of a call (a seam the tests replace).
+_backend = backends.prepared
 
 
-def _nvfp4_kernel_runner(module: Any) -> Callable[..., None]:
-    quantize, attention = module.quantize_nvfp4, module.attention_nvfp4
-
-    def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
-            bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
-        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
-        # views: kbar, qbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
-        quantize(q, k, v, seg_bounds, vkey_start, qblock_start, qblocks, *views)
-        attention(out, *views[1:], seg_bounds, vkey_start, qblocks, scale)
-
-    return run
-
-
-def _reference_runner(op: str) -> Callable[..., None]:
-    from . import reference
-
-    fn = {"nvfp4": reference.varlen_attention_nvfp4_reference,
-          "fp8": reference.varlen_attention_fp8_reference}[op]
-
-    def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
-            bounds: tuple[int, ...], plan: Plan | None, views: tuple[Tensor, ...]) -> None:
-        out.copy_(fn(q, k, v, bounds, scale))  # host bounds: no D2H copy of cu_seqlens
-
-    return run
-
-
-def resolve_backend_name(op: str, capability: tuple[int, int], choice: str) -> str:
-    """The backend of ``op`` on a GPU of ``capability`` for an env ``choice`` (pure logic).
-
-    Raises ``ValueError`` for an unknown choice and ``RuntimeError`` (naming the compute
-    capability and the supported ones) for a GPU without kernels or a mismatched choice.
-    """
-    from .jit import arch_for_capability
-
-    if choice not in NVFP4_BACKENDS:
-        raise ValueError(
-            f"{ENV_NVFP4_BACKEND}={choice!r} is not a backend; expected one of "
-            f"{', '.join(NVFP4_BACKENDS)}"
-        )
-    if op == "nvfp4" and choice == "reference":
-        return "reference"  # the torch emulation runs on any CUDA GPU
-    major, minor = capability
-    arch_for_capability(major, minor)  # UnsupportedArchError (a RuntimeError) names both
-    native = "sm120" if major == 12 else "sm120_emulated"
-    if op == "fp8":
-        return "reference"  # until the FP8 attention kernel lands
-    if choice in ("auto", native):
-        return native
-    raise RuntimeError(
-        f"{ENV_NVFP4_BACKEND}={choice} needs compute capability "
-        f"{'12.x' if choice == 'sm120' else '9.0'}, but this GPU is {major}.{minor}; use "
-        f"{native}, auto or reference"
+def _not_capturable(op: str, backend: backends.Prepared) -> str:
+    env = backends.ENV_BACKEND[op]
+    return (
+        f"the {op} operator runs on {backend.backend.label} here, which cannot be captured into "
+        f"a CUDA graph (the torch emulation copies host data synchronously); choose a kernel "
+        f"backend ({env}, flashinfer_h3.set_backend) where one runs on this GPU, or call it "
+        "outside the capture"
     )
 
 
-_NOT_CAPTURABLE = {
-    "nvfp4": "the NVFP4 operator runs on the reference backend here, which cannot be captured "
-             "into a CUDA graph (the torch emulation copies host data synchronously); set "
-             f"{ENV_NVFP4_BACKEND}=auto (a kernel backend) or call it outside the capture",
-    "fp8": "the FP8 operator runs on the reference backend until its attention kernel lands, "
-           "and that cannot be captured into a CUDA graph (the torch emulation copies host "
-           "data synchronously); call it outside the capture",
-}
-_BACKENDS: dict[tuple[str, torch.device, str], _Backend] = {}
-_BACKENDS_LOCK = threading.Lock()
-
-
-def _backend(op: str, device: torch.device) -> _Backend:
-    choice = os.environ.get(ENV_NVFP4_BACKEND, "auto") if op == "nvfp4" else "auto"
-    key = (op, device, choice)
-    backend = _BACKENDS.get(key)
-    if backend is None:
-        with _BACKENDS_LOCK:
-            backend = _BACKENDS.get(key) or _make_backend(op, device, choice)
-            _BACKENDS[key] = backend
-    return backend
-
-
-def _make_backend(op: str, device: torch.device, choice: str) -> _Backend:
-    name = resolve_backend_name(op, torch.cuda.get_device_capability(device),
-                                choice.strip().lower() or "auto")
-    if name == "reference":
-        return _Backend("reference", _reference_runner(op), uses_workspace=False,
-                        capturable=False)
-    from .jit import get_module
-
-    module = get_module(op, device)  # prebuilt .so, else JIT build (RuntimeError if impossible)
-    return _Backend(name, _nvfp4_kernel_runner(module), uses_workspace=True, capturable=True)
+def resolve_backend_name(op: str, capability: tuple[int, int], choice: str) -> str:
+    """The name of the backend of ``op`` on a GPU of ``capability`` for ``choice`` (pure logic;
+    see :func:`flashinfer_h3.backends.resolve`)."""
+    return backends.resolve(op, capability, choice).name
 
 
 def reset_backends() -> None:
-    """Forget the resolved backends (after changing ``FLASHINFER_H3_NVFP4_BACKEND``'s meaning,
-    e.g. in tests). The env variable itself is read on every call."""
-    with _BACKENDS_LOCK:
-        _BACKENDS.clear()
+    """Forget the prepared backends (the choice itself is read on every call)."""
+    backends.reset()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ from dataclasses import dataclass
 
 import torch
 
-HEAD_DIM = 128
+from .constants import HEAD_DIM
+
 Q_BLOCK = 128  # rows per Q block (Q smoothing, attention CTA) and keys per FP8 K-scale block
 V_KEY_PAD = 64  # every segment's transposed-V columns are padded to a multiple of this
 GROUP = 16  # elements per NVFP4 scale

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from flashinfer_h3 import backends
 from flashinfer_h3 import diffusion_ops as ops
 from flashinfer_h3.plan import PLANS
 
@@ -233,7 +234,9 @@ class _Recorder:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     rec = _Recorder()
-    backend = ops._Backend("recorder", rec.run, uses_workspace=True, capturable=True)
+    fake = backends.Backend("recorder", "nvfp4", backends.KERNEL, lambda module, b: rec.run,
+                            module="nvfp4", workspace="nvfp4", capturable=True, archs=("sm_90a",))
+    backend = backends.Prepared(fake, rec.run)
     monkeypatch.setattr(ops, "check_cuda", lambda q: None)
     monkeypatch.setattr(ops, "_backend", lambda op, device: backend)
     return rec
@@ -302,14 +305,27 @@ def test_zero_tokens_is_valid(recorder: _Recorder) -> None:
 
 
 @pytest.mark.parametrize("choice,cap,expected", [
-    ("auto", (9, 0), "sm120_emulated"), ("auto", (12, 0), "sm120"), ("auto", (12, 1), "sm120"),
-    ("sm120_emulated", (9, 0), "sm120_emulated"), ("sm120", (12, 0), "sm120"),
+    ("auto", (9, 0), "mma_sync_fp4_emulated"), ("auto", (12, 0), "mma_sync_fp4"),
+    ("auto", (12, 1), "mma_sync_fp4"),
+    ("mma_sync_fp4_emulated", (9, 0), "mma_sync_fp4_emulated"),
+    ("mma_sync_fp4", (12, 0), "mma_sync_fp4"),
+    ("sm120_emulated", (9, 0), "mma_sync_fp4_emulated"), ("sm120", (12, 0), "mma_sync_fp4"),
     ("reference", (9, 0), "reference"), ("reference", (8, 0), "reference"),
+    (" Auto ", (9, 0), "mma_sync_fp4_emulated"),
 ])
 def test_backend_resolution(choice: str, cap: tuple[int, int], expected: str) -> None:
     assert ops.resolve_backend_name("nvfp4", cap, choice) == expected
-    if cap != (8, 0):
-        assert ops.resolve_backend_name("fp8", cap, "auto") == "reference"  # no FP8 kernel yet
+
+
+@pytest.mark.parametrize("cap", [(9, 0), (12, 0), (12, 1)])
+def test_fp8_resolves_to_the_torch_emulation_until_a_kernel_is_registered(
+        cap: tuple[int, int]) -> None:
+    kernels = [b for b in backends.backends("fp8") if b.is_kernel]
+    backend = backends.resolve("fp8", cap, "auto")
+    if kernels:
+        pytest.skip(f"an FP8 kernel backend is registered: {[b.name for b in kernels]}")
+    assert backend.name == "reference" and backend.kind == "reference"
+    assert backend.label == "reference (torch emulation)"
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -324,7 +340,16 @@ def test_unsupported_gpu_names_capabilities(op: str, cap: tuple[int, int]) -> No
 def test_backend_choice_errors() -> None:
     with pytest.raises(ValueError, match=f"^{ops.ENV_NVFP4_BACKEND}='fast' is not a backend"):
         ops.resolve_backend_name("nvfp4", (9, 0), "fast")
-    with pytest.raises(RuntimeError, match="sm120 needs compute capability 12.x.*9.0"):
+    with pytest.raises(ValueError, match=f"^{ops.ENV_FP8_BACKEND}='mma_sync_fp4' is not"):
+        ops.resolve_backend_name("fp8", (9, 0), "mma_sync_fp4")
+    with pytest.raises(RuntimeError, match=r"=mma_sync_fp4 needs compute capability 12\.x, but "
+                       r"this GPU is 9\.0; the nvfp4 backends that run here: "
+                       r"mma_sync_fp4_emulated, reference, auto"):
+        ops.resolve_backend_name("nvfp4", (9, 0), "mma_sync_fp4")
+    # The old names are aliases; messages give the new name.
+    with pytest.raises(RuntimeError, match=r"sm120 \(now named mma_sync_fp4\) needs compute "
+                       r"capability 12\.x.*9\.0"):
         ops.resolve_backend_name("nvfp4", (9, 0), "sm120")
-    with pytest.raises(RuntimeError, match="sm120_emulated needs compute capability 9.0.*12.0"):
+    with pytest.raises(RuntimeError, match=r"sm120_emulated \(now named mma_sync_fp4_emulated\) "
+                       r"needs compute capability 9\.0.*12\.0.*mma_sync_fp4, reference"):
         ops.resolve_backend_name("nvfp4", (12, 0), "sm120_emulated")

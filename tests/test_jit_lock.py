@@ -49,7 +49,7 @@ def test_first_build_then_cache_hit(fake_nvcc, capfd: pytest.CaptureFixture[str]
     assert {"utils.cu", "build.ninja", "build.log", "manifest.json", so.name} <= names
     assert "Used 42 registers" in (so.parent / "build.log").read_text()
     manifest = json.loads((so.parent / "manifest.json").read_text())
-    assert manifest["config"] == {"op": "utils", "head_dim": 128, "arch": "sm_90a", "flags": {}}
+    assert manifest["config"] == {"module": "utils", "head_dim": 128, "arch": "sm_90a", "flags": {}}
     assert manifest["nvcc"] == "Build fake_13.0"
 
 

@@ -19,7 +19,7 @@ from flashinfer_h3.jit import (
     list_prebuilt,
     prebuilt_dirs,
 )
-from flashinfer_h3.jit import load as jit_load
+from flashinfer_h3.jit import prebuilt as jit_prebuilt
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = KernelConfig("utils", arch="sm_90a")
@@ -35,7 +35,7 @@ def prebuilt(fake_nvcc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert len(fake.calls("link")) == 2
     monkeypatch.setenv("FLASHINFER_H3_CACHE_DIR", str(tmp_path / "empty_cache"))
     monkeypatch.setenv("FLASHINFER_H3_NVCC", "/nonexistent/nvcc")
-    monkeypatch.setattr(jit_load, "_warned", set())
+    monkeypatch.setattr(jit_prebuilt, "_warned", set())
     return out, manifest
 
 

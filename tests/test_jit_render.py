@@ -62,6 +62,7 @@ def test_context_is_the_same_for_every_template_and_holds_the_flags() -> None:
     cfg = KernelConfig("nvfp4", 128, "sm_120a", flags={"tile_k": 64, "fast": True, "tag": "x"})
     ctx = cfg.template_context()
     assert ctx == {
+        "module": "nvfp4",
         "op": "nvfp4",
         "scale_mode": "nvfp4",
         "head_dim": 128,
@@ -118,20 +119,57 @@ def test_render_templates_keeps_order_and_strips_suffix(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"op": "bf16"}, ValueError, "unknown op 'bf16'"),
-        ({"op": "nvfp4", "head_dim": 64}, ValueError, "head_dim: 64 is not supported"),
-        ({"op": "nvfp4", "head_dim": True}, TypeError, "head_dim: expected int"),
-        ({"op": "nvfp4", "arch": "sm_80"}, UnsupportedArchError, "sm_80"),
-        ({"op": "nvfp4", "arch": "sm_100a"}, UnsupportedArchError, "sm_90a"),
-        ({"op": "nvfp4", "arch": 90}, TypeError, "arch: expected str"),
-        ({"op": "nvfp4", "flags": {"not ok": 1}}, ValueError, "not an identifier"),
-        ({"op": "nvfp4", "flags": {"x": 1.5}}, TypeError, "expected bool, int or str"),
-        ({"op": "nvfp4", "flags": [("x", 1), ("x", 2)]}, ValueError, "given twice"),
+        ({"module": "bf16"}, ValueError, "unknown module 'bf16'"),
+        ({"module": "nvfp4", "head_dim": 96}, ValueError, "head_dim: 96 is not supported"),
+        ({"module": "nvfp4", "head_dim": True}, TypeError, "head_dim: expected int"),
+        ({"module": "nvfp4", "arch": "sm_80"}, UnsupportedArchError, "sm_80"),
+        ({"module": "nvfp4", "arch": "sm_100a"}, UnsupportedArchError, "sm_90a"),
+        ({"module": "nvfp4", "arch": 90}, TypeError, "arch: expected str"),
+        ({"module": "nvfp4", "flags": {"not ok": 1}}, ValueError, "not an identifier"),
+        ({"module": "nvfp4", "flags": {"x": 1.5}}, TypeError, "expected bool, int or str"),
+        ({"module": "nvfp4", "flags": [("x", 1), ("x", 2)]}, ValueError, "given twice"),
     ],
 )
 def test_kernel_config_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         KernelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("module", ["nvfp4", "fp8"])
+def test_head_dim_64_renders_from_the_configuration(module: str) -> None:
+    # Not offered (no backend builds it), but the templates take head_dim from the
+    # configuration, so another head dim is a new configuration, not an edit.
+    spec = make_spec(KernelConfig(module, 64, "sm_90a"))
+    sources = dict(spec.sources)
+    assert "static_assert(64 == flashinfer_h3::quantize::kHeadDim" in sources["quantize.cu"]
+    if "attention_nvfp4.cu" in sources:
+        assert "constexpr int64_t kHeadDim = 64;" in sources["attention_nvfp4.cu"]
+    assert spec.source_key != make_spec(KernelConfig(module, 128, "sm_90a")).source_key
+
+
+def test_test_only_modules_are_not_production_modules() -> None:
+    from flashinfer_h3.jit import production_configs
+    from flashinfer_h3.jit.modules import MODULES, production_modules
+
+    probe = MODULES["nvfp4_mma_probe"]
+    assert probe.test_only and probe not in production_modules()
+    assert "mma_nvfp4_probe" not in "".join(
+        text for _, text in make_spec(KernelConfig("nvfp4", arch="sm_90a")).sources
+    )
+    assert "nvfp4_mma_probe" not in {c.module for c in production_configs(["sm_90a", "sm_120a"])}
+
+
+def test_a_module_is_built_only_for_its_archs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashinfer_h3.jit import production_configs
+    from flashinfer_h3.jit.modules import MODULES, ModuleDef
+
+    hopper_only = ModuleDef("hopper_only_for_test", ("utils.cu.jinja",), None, archs=("sm_90a",))
+    monkeypatch.setitem(MODULES, hopper_only.name, hopper_only)
+    with pytest.raises(ValueError, match="built for sm_90a only, not sm_120a"):
+        KernelConfig(hopper_only.name, arch="sm_120a")
+    names = [c.name for c in production_configs(["sm_90a", "sm_120a"])]
+    assert "hopper_only_for_test_hd128_sm90a" in names
+    assert not any(n.startswith("hopper_only_for_test_hd128_sm120a") for n in names)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """GPU test of the block-scaled FP4 MMA layer (mma_sm120.cuh native / mma_sm90_emulated.cuh).
 
-The nvfp4 module's test export ``mma_nvfp4_probe`` runs one m16n8k64 product per warp for every
+The test-only module ``nvfp4_mma_probe`` (templates/mma_probe_nvfp4.cu.jinja, never part of
+the production nvfp4 .so) exports ``mma_nvfp4_probe``, which runs one m16n8k64 product per warp for every
 selector pair the attention kernel uses (thread-id-a in {0, 1} x thread-id-b in {0..3}). Each warp
 builds its fragments from row-major matrices as the PTX ISA lays them out and puts the scale
 words only in the lanes the selectors name; every other lane holds an E4M3 NaN (0x7F bytes), so a
@@ -28,7 +29,7 @@ UE4M3_FINITE_MAX_CODE = 0x7E  # 448; 0x7F is NaN
 def module() -> Any:
     from flashinfer_h3.jit import get_module
 
-    return get_module("nvfp4")
+    return get_module("nvfp4_mma_probe")
 
 
 def _dequant(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

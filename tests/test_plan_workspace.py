@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashinfer_h3
+from flashinfer_h3 import backends
 from flashinfer_h3 import diffusion_ops as ops
 from flashinfer_h3 import reference as ref
 from flashinfer_h3 import workspace as wsmod
@@ -475,10 +476,10 @@ class FakeNvfp4Module:
 @pytest.fixture
 def fake_kernels(monkeypatch: pytest.MonkeyPatch) -> FakeNvfp4Module:
     module = FakeNvfp4Module()
-    backend = ops._Backend("fake", ops._nvfp4_kernel_runner(module), uses_workspace=True,
-                           capturable=True)
-    reference = ops._Backend("reference", ops._reference_runner("fp8"), uses_workspace=False,
-                             capturable=False)
+    kernel = backends.get("nvfp4", "mma_sync_fp4_emulated")
+    backend = backends.Prepared(kernel, kernel.make_launcher(module, kernel))
+    ref_fp8 = backends.get("fp8", "reference")
+    reference = backends.Prepared(ref_fp8, ref_fp8.make_launcher(None, ref_fp8))
     monkeypatch.setattr(ops, "check_cuda", lambda q: None)
     monkeypatch.setattr(ops, "_backend",
                         lambda op, device: backend if op == "nvfp4" else reference)
@@ -659,7 +660,8 @@ def test_kernel_runner_matches_the_compiled_binding() -> None:
 
             return call
 
-    run = ops._nvfp4_kernel_runner(Probe())
+    kernel = backends.get("nvfp4", "mma_sync_fp4_emulated")
+    run = kernel.make_launcher(Probe(), kernel)
     bounds, T, H = (0, 100, 300), 300, 2
     q, k, v = _inputs(T, H, seed=1)
     plan = Plan.create(build_host_plan(bounds), H, CPU)

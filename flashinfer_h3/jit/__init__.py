@@ -2,7 +2,7 @@
 
 Public entry points:
 
-- :func:`get_module` (op, device): the loaded module for the device's architecture.
+- :func:`get_module` (module, device): the loaded module for the device's architecture.
 - :func:`build_module` (config): the ``.so`` path, building if needed (no GPU needed).
 - :func:`detect_arch` (device): ``sm_90a`` / ``sm_120a`` / ``sm_121a``, or a ``RuntimeError``.
 - :class:`KernelConfig`: what a module is compiled for.
@@ -37,7 +37,15 @@ from .load import (
     prebuilt_dirs,
 )
 from .render import render_template, render_templates
-from .spec import OP_SOURCES, OPS, JitSpec, KernelConfig, compute_uri, make_spec
+from .spec import (
+    OP_SOURCES,
+    OPS,
+    JitSpec,
+    KernelConfig,
+    compute_uri,
+    make_spec,
+    production_configs,
+)
 
 __all__ = [
     "ARCHS",
@@ -70,6 +78,7 @@ __all__ = [
     "normalize_arch",
     "parse_arch_list",
     "prebuilt_dirs",
+    "production_configs",
     "read_manifest",
     "render_template",
     "render_templates",

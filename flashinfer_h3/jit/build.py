@@ -14,13 +14,10 @@ Cache entry of a module (``<cache root>/<version>/<arch>/<uri>/``)::
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import shlex
 import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,9 +40,9 @@ from .env import (
     require_nvcc,
     tvm_ffi_include_dirs,
 )
+from .files import file_sha256, logger
+from .prebuilt import find_prebuilt
 from .spec import JitSpec, KernelConfig, make_spec
-
-logger = logging.getLogger("flashinfer_h3.jit")
 
 MANIFEST = "manifest.json"
 BUILD_LOG = "build.log"
@@ -55,46 +52,9 @@ _BUILD_OUTPUT_SUFFIXES = (".o", ".d", ".so")
 _NINJA_STATE = (".ninja_log", ".ninja_deps")
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the record (not at import), so
-    redirections by the application or the test runner are honoured."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-def _setup_logger() -> None:
-    # A library logger with its own handler: the compile line must reach a user who never
-    # configured logging, and a minute of silence looks like a hang. FLASHINFER_H3_LOG_LEVEL
-    # (e.g. WARNING) silences it.
-    if logger.handlers:
-        return
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("flashinfer_h3: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(os.environ.get("FLASHINFER_H3_LOG_LEVEL", "INFO").upper())
-    logger.propagate = False
-
-
-_setup_logger()
-
-
 # ---------------------------------------------------------------------------------------------
 # Validity of a built module
 # ---------------------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(build_dir: Path) -> dict[str, Any] | None:
@@ -254,7 +214,7 @@ def _compile(spec: JitSpec, nvcc: Path, nvcc_full: str, uri: str, build_dir: Pat
     cfg = spec.config
     logger.info(
         "compiling %s kernels for %s (first use of this configuration, can take a minute) -> %s",
-        cfg.op,
+        cfg.module,
         cfg.arch,
         build_dir,
     )
@@ -292,7 +252,7 @@ def _compile(spec: JitSpec, nvcc: Path, nvcc_full: str, uri: str, build_dir: Pat
         "built_at": datetime.now(timezone.utc).isoformat(),
     }
     write_if_different(build_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-    logger.info("compiled %s for %s in %.1f s (%s)", cfg.op, cfg.arch, seconds, uri)
+    logger.info("compiled %s for %s in %.1f s (%s)", cfg.module, cfg.arch, seconds, uri)
     return so
 
 
@@ -308,8 +268,6 @@ def build_module(
     """
     spec = make_spec(config, template_dir)
     if use_prebuilt:
-        from .load import find_prebuilt
-
         prebuilt = find_prebuilt(spec)
         if prebuilt is not None:
             return prebuilt

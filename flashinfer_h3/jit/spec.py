@@ -1,15 +1,16 @@
 """Kernel configurations and their build specs (rendered sources, flags, cache key).
 
-A :class:`KernelConfig` says *what* to build (op, head_dim, arch, template flags); a
+A :class:`KernelConfig` says *what* to build (module, head_dim, arch, template flags; the
+modules and their templates are listed in ``jit/modules.py``); a
 :class:`JitSpec` is that configuration made concrete: the rendered sources, the exact nvcc flags
 and two digests:
 
 - ``source_key``: SHA-256 over the rendered sources, every header under ``templates/include``,
   the configuration and the flags. It does not depend on the local toolchain, so it is the key
   that prebuilt kernels (built elsewhere) are matched with.
-- ``uri``: ``<op>_hd<head_dim>_<arch>_<hash>``, where the hash also covers the nvcc build and the
-  tvm-ffi version; it names the JIT cache directory, so any change to a template, header, flag or
-  toolchain gives a new directory and a stale ``.so`` is never loaded.
+- ``uri``: ``<module>_hd<head_dim>_<arch>_<hash>``, where the hash also covers the nvcc build and
+  the tvm-ffi version; it names the JIT cache directory, so any change to a template, header,
+  flag or toolchain gives a new directory and a stale ``.so`` is never loaded.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..constants import HEAD_DIM, RENDERABLE_HEAD_DIMS
 from ..version import __version__
 from .env import (
     ARCHS,
@@ -32,16 +34,16 @@ from .env import (
     templates_dir,
     tvm_ffi_version,
 )
+from .modules import MODULES, ModuleDef, production_modules
 from .render import render_templates
 
-OPS: tuple[str, ...] = ("utils", "nvfp4", "fp8")
-# Which templates make up each module (docs/design.md, "Compiled modules").
-OP_SOURCES: dict[str, tuple[str, ...]] = {
-    "utils": ("utils.cu.jinja",),
-    "nvfp4": ("quantize.cu.jinja", "attention_nvfp4.cu.jinja"),
-    "fp8": ("quantize.cu.jinja",),
-}
-SUPPORTED_HEAD_DIMS: tuple[int, ...] = (128,)
+#: The production modules (built by warmup and the prebuilt wheel) and every module's templates,
+#: as read from the table of jit/modules.py at import.
+OPS: tuple[str, ...] = tuple(m.name for m in production_modules())
+OP_SOURCES: dict[str, tuple[str, ...]] = {m.name: m.templates for m in MODULES.values()}
+#: Head dims that are built and offered; a configuration may also be rendered (and hashed) for
+#: any of RENDERABLE_HEAD_DIMS.
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = (HEAD_DIM,)
 DEFAULT_ARCH = "sm_90a"
 URI_HASH_CHARS = 16
 
@@ -72,53 +74,76 @@ def _freeze_flags(flags: Any) -> tuple[tuple[str, FlagValue], ...]:
     return tuple(sorted(out.items()))
 
 
+def module_names() -> tuple[str, ...]:
+    """Every registered module (``jit/modules.py``), production and test-only."""
+    return tuple(MODULES)
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """One compiled module: ``op`` in ``utils | nvfp4 | fp8``, ``head_dim`` (128), ``arch``
-    (``sm_90a`` | ``sm_120a`` | ``sm_121a``; ``"9.0"``-style names are accepted) and optional
-    template ``flags`` (a mapping of identifiers to bool/int/str, seen by every template)."""
+    """One compiled module: ``module``, a name of ``jit/modules.py`` (``utils``, ``nvfp4``,
+    ``fp8``, ...), ``head_dim`` (128; 64 renders but is not offered), ``arch`` (``sm_90a`` |
+    ``sm_120a`` | ``sm_121a``; ``"9.0"``-style names are accepted) and optional template
+    ``flags`` (a mapping of identifiers to bool/int/str, seen by every template)."""
 
-    op: str
-    head_dim: int = 128
+    module: str
+    head_dim: int = HEAD_DIM
     arch: str = DEFAULT_ARCH
     flags: tuple[tuple[str, FlagValue], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.op not in OP_SOURCES:
+        if self.module not in MODULES:
             raise ValueError(
-                f"KernelConfig.op: unknown op {self.op!r}; expected one of {', '.join(OPS)}"
+                f"KernelConfig.module: unknown module {self.module!r}; expected one of "
+                f"{', '.join(MODULES)}"
             )
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int):
             raise TypeError(
                 f"KernelConfig.head_dim: expected int, got {type(self.head_dim).__name__}"
             )
-        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+        if self.head_dim not in RENDERABLE_HEAD_DIMS:
             raise ValueError(
                 f"KernelConfig.head_dim: {self.head_dim} is not supported; expected one of "
-                f"{SUPPORTED_HEAD_DIMS}"
+                f"{RENDERABLE_HEAD_DIMS} (only {HEAD_DIM} is built and offered)"
             )
         if not isinstance(self.arch, str):
             raise TypeError(f"KernelConfig.arch: expected str, got {type(self.arch).__name__}")
         object.__setattr__(self, "arch", normalize_arch(self.arch))
+        if self.arch not in self.definition.archs:
+            raise ValueError(
+                f"KernelConfig: module {self.module!r} is built for "
+                f"{', '.join(self.definition.archs)} only, not {self.arch}"
+            )
         object.__setattr__(self, "flags", _freeze_flags(self.flags))
 
     @property
+    def definition(self) -> ModuleDef:
+        return MODULES[self.module]
+
+    @property
+    def op(self) -> str | None:
+        """The operator whose recipe the module's templates implement (None for helpers)."""
+        return MODULES[self.module].op
+
+    @property
     def scale_mode(self) -> str | None:
-        return self.op if self.op in ("nvfp4", "fp8") else None
+        """The quantization recipe of the templates: ``nvfp4`` | ``fp8`` | None."""
+        return self.op
 
     @property
     def templates(self) -> tuple[str, ...]:
-        return OP_SOURCES[self.op]
+        return MODULES[self.module].templates
 
     @property
     def name(self) -> str:
         """Readable prefix of the URI, e.g. ``nvfp4_hd128_sm90a``."""
-        return f"{self.op}_hd{self.head_dim}_{self.arch.replace('_', '')}"
+        return f"{self.module}_hd{self.head_dim}_{self.arch.replace('_', '')}"
 
     def template_context(self) -> dict[str, Any]:
         """What every template of the module sees."""
         major, minor = ARCHS[self.arch].capability
         return {
+            "module": self.module,
             "op": self.op,
             "scale_mode": self.scale_mode,
             "head_dim": self.head_dim,
@@ -130,7 +155,7 @@ class KernelConfig:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "op": self.op,
+            "module": self.module,
             "head_dim": self.head_dim,
             "arch": self.arch,
             "flags": dict(self.flags),
@@ -239,3 +264,26 @@ def make_spec(config: KernelConfig, template_dir: Path | None = None) -> JitSpec
         source_key=key,
         tvm_ffi_version=tvm_ffi_version(),
     )
+
+
+def production_configs(
+    archs: Iterable[str], names: Iterable[str] | None = None
+) -> list[KernelConfig]:
+    """The configuration of every production module of ``jit/modules.py`` (or of those named
+    in ``names``: module names, or an operator such as ``fp8`` for all of its modules) for each
+    of ``archs`` it is built for, at the offered head dim. Ordered by arch, then table order."""
+    wanted = None if names is None else tuple(names)
+    operators = {m.op for m in MODULES.values() if m.op}
+    unknown = [n for n in wanted or () if n not in MODULES and n not in operators]
+    if unknown:
+        raise ValueError(
+            f"unknown module(s) {', '.join(unknown)}; expected one of {', '.join(OPS)} "
+            f"(or an operator: {', '.join(sorted(operators))})"
+        )
+    return [
+        KernelConfig(m.name, head_dim, arch)
+        for arch in (normalize_arch(a) for a in archs)
+        for m in production_modules()
+        if arch in m.archs and (wanted is None or m.name in wanted or m.op in wanted)
+        for head_dim in SUPPORTED_HEAD_DIMS
+    ]

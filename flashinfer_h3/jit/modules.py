@@ -1,0 +1,75 @@
+"""The compiled modules: which templates make up each ``.so`` and the archs it is built for.
+
+One entry per module (``KernelConfig(module, head_dim, arch)`` builds it). The backends of
+``flashinfer_h3/backends.py`` name the module they need; ``warmup`` and the prebuilt wheel build
+every production module (``test_only=False``) for each of its archs. A module's templates see
+``op`` (the operator whose recipe they implement, or ``None``), ``scale_mode`` (the same),
+``head_dim`` and ``arch`` (see ``KernelConfig.template_context``).
+
+Adding a kernel = adding its templates and headers, one :class:`ModuleDef` here and one backend
+registration in ``backends.py`` (docs/design.md, "Adding a backend").
+
+Pure data: this module imports nothing from the package (the JIT, the CLI and the backends all
+read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Every architecture a module may be built for (jit/env.py ARCHS holds their details).
+ALL_ARCHS: tuple[str, ...] = ("sm_90a", "sm_120a", "sm_121a")
+
+
+@dataclass(frozen=True)
+class ModuleDef:
+    """One compiled module."""
+
+    name: str  # the KernelConfig's module name, the prefix of its cache URI
+    templates: tuple[str, ...]  # templates/*.cu.jinja, rendered and compiled in this order
+    op: str | None  # the operator the templates implement ("nvfp4" | "fp8"), None for helpers
+    archs: tuple[str, ...] = ALL_ARCHS  # where it can be built
+    exports: tuple[str, ...] = ()  # the tvm-ffi functions it exports (docs/design.md)
+    test_only: bool = False  # probes and emulator entry points: never inside a production .so
+    about: str = ""
+
+
+MODULES: dict[str, ModuleDef] = {}
+
+
+def register_module(module: ModuleDef) -> ModuleDef:
+    """Add ``module`` to :data:`MODULES` (a name may be registered once)."""
+    if module.name in MODULES:
+        raise ValueError(f"module {module.name!r} is already registered")
+    unknown = [a for a in module.archs if a not in ALL_ARCHS]
+    if unknown or not module.archs:
+        raise ValueError(f"module {module.name!r}: archs must be among {ALL_ARCHS}, got "
+                         f"{module.archs}")
+    if not module.templates:
+        raise ValueError(f"module {module.name!r} has no templates")
+    MODULES[module.name] = module
+    return module
+
+
+def production_modules() -> tuple[ModuleDef, ...]:
+    return tuple(m for m in MODULES.values() if not m.test_only)
+
+
+register_module(ModuleDef(
+    "utils", ("utils.cu.jinja",), None, exports=("fill_u8", "build_info"),
+    about="device helpers of the tests and the operators (byte fill), build info",
+))
+register_module(ModuleDef(
+    "nvfp4", ("quantize.cu.jinja", "attention_nvfp4.cu.jinja"), "nvfp4",
+    exports=("quantize_nvfp4", "attention_nvfp4", "attention_nvfp4_smem_bytes"),
+    about="NVFP4 pre-pass + the mma.sync NVFP4 kernel (native MMA on sm_120a, emulated on sm_90a)",
+))
+register_module(ModuleDef(
+    "fp8", ("quantize.cu.jinja",), "fp8", exports=("quantize_fp8",),
+    about="FP8 pre-pass",
+))
+register_module(ModuleDef(
+    "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),
+    test_only=True,
+    about="tests: one block-scaled FP4 MMA of the mma.sync layer against its PTX contract",
+))
