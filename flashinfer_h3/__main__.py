@@ -445,25 +445,91 @@ def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> float:
     return times[len(times) // 2]
 
 
-def _sdpa_runner(q: Any, k: Any, v: Any, bounds: Sequence[int], backend: Any) -> Callable[[], Any]:
-    """PyTorch BF16 SDPA with one backend, one call per segment ([1, H, L, 128] views)."""
+GPU_PRESET_NOTE = "needs a CUDA GPU"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _bench_presets(arg: str | None, gpu: bool) -> list[str]:
+    if not arg:
+        return [DEFAULT_PRESET if gpu else "small"]
+    names = list(PRESETS) if arg.strip() == "all" else _split_list(arg)
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        raise ValueError(
+            f"bench --preset: unknown preset {', '.join(map(repr, unknown)) or repr(arg)}; "
+            f"expected one of {', '.join(PRESETS)} (comma-separated) or 'all'"
+        )
+    return names
+
+
+def _shape_text(preset: Preset) -> str:
+    tokens = sum(preset.lengths)
+    segs = ", ".join(f"{n:,}" for n in preset.lengths)
+    return f"segments [{segs}] = {tokens:,} tokens x {preset.heads} heads x {HEAD_DIM}"
+
+
+def _peer_names() -> list[str]:
+    from . import benchtools
+
+    names = ["torch SDPA cuDNN bf16", "torch SDPA flash bf16"]
+    if benchtools.sageattention_available():
+        names.append("SageAttention")
+    return names
+
+
+def _bench_result(label: str, ms: float | None, flops: float, rel: float | None,
+                  error: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "name": label,
+        "ms": ms,
+        "tflops": flops / (ms * 1e-3) / 1e12 if ms else None,
+        "rel_l2": rel,
+    }
+    if error is not None:
+        row["error"] = error
+    return row
+
+
+def _versions() -> dict[str, str | None]:
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
 
-    segs = [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
-    views = [tuple(t[a:b].unsqueeze(0).transpose(1, 2) for t in (q, k, v)) for a, b in segs]
+    from .jit import env
 
-    def run() -> None:
-        with sdpa_kernel([backend]), torch.no_grad():
-            for qq, kk, vv in views:
-                F.scaled_dot_product_attention(qq, kk, vv)
+    versions: dict[str, str | None] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "apache-tvm-ffi": env.tvm_ffi_version(),
+    }
+    try:
+        cudnn = torch.backends.cudnn.version()
+        versions["cudnn"] = str(cudnn) if cudnn else None
+    except Exception:  # no cuDNN in a CPU build
+        pass
+    try:
+        from importlib.metadata import version
 
-    return run
+        versions["sageattention"] = version("sageattention")
+    except Exception:  # not installed
+        pass
+    return versions
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
+    from . import benchtools
 
     ops = _split_list(args.op) if args.op else list(OPERATORS)
     for op in ops:
@@ -471,77 +537,144 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"bench --op: unknown operator {op!r}; expected {', '.join(OPERATORS)}"
             )
+    if args.plot:
+        benchtools.require_matplotlib()  # fail before measuring anything
     gpu = _has_gpu()
-    preset_name = args.preset or (DEFAULT_PRESET if gpu else "small")
-    if preset_name not in PRESETS:
-        raise ValueError(
-            f"bench --preset: unknown preset {preset_name!r}; expected one of {', '.join(PRESETS)}"
-        )
-    preset = PRESETS[preset_name]
-    flops = attention_flops(preset.lengths, preset.heads)
-    results: list[dict[str, Any]] = []
-
+    names = _bench_presets(args.preset, gpu)
     if not gpu:
-        _print(
-            "bench: no CUDA GPU visible; running the torch reference on the CPU instead "
-            f"(preset {preset_name!r}: {preset.about}). CPU times say nothing about the kernels."
-        )
-        q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, "cpu", args.seed)
-        for op in ops:
-            start = time.perf_counter()
-            _reference(op)(q, k, v, cu, cu_seqlens_host=bounds)
-            ms = (time.perf_counter() - start) * 1e3
-            results.append(
-                {"name": f"{op} reference (CPU)", "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
-            )
-            _print(
-                f"  {op} reference (CPU): {ms:10.1f} ms  {flops / (ms * 1e-3) / 1e9:8.2f} GFLOP/s"
-            )
-        _write_json(args, preset_name, preset, "cpu", results)
-        return 0
+        return _bench_cpu(args, ops, names)
+    return _bench_gpu(args, ops, names)
 
-    from torch.nn.attention import SDPBackend
+
+def _bench_cpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> int:
+    from . import benchtools
+
+    impls = [f"flashinfer_h3 {op}" for op in ops] + _peer_names()
+    _print(
+        "bench: no CUDA GPU visible. On a GPU this command times "
+        f"{', '.join(impls)} on preset(s) {', '.join(names if args.preset else [DEFAULT_PRESET])}."
+    )
+    too_big = [n for n in names if n != "small"]
+    if too_big:
+        shapes = "; ".join(f"{n}: {_shape_text(PRESETS[n])}" for n in too_big)
+        raise ValueError(
+            f"--preset {','.join(too_big)} {GPU_PRESET_NOTE} ({shapes}); the CPU reference would "
+            "take hours. Without a GPU only --preset small runs (the torch reference of the "
+            "recipes on the CPU)"
+        )
+    preset_name, preset = "small", PRESETS["small"]
+    flops = attention_flops(preset.lengths, preset.heads)
+    _print(
+        f"bench: running the torch reference on the CPU instead, preset 'small': "
+        f"{_shape_text(preset)}, one run each. CPU times say nothing about the kernels."
+    )
+    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, "cpu", args.seed)
+    oracle = benchtools.sampled_oracle(q, k, v, bounds, seed=args.seed)
+    results: list[dict[str, Any]] = []
+    for i, op in enumerate(ops, 1):
+        label = f"{op} reference (CPU)"
+        _print(f"  [{i}/{len(ops)}] {label}: running ...")
+        start = time.perf_counter()
+        out = _reference(op)(q, k, v, cu, cu_seqlens_host=bounds)
+        ms = (time.perf_counter() - start) * 1e3
+        row = _bench_result(label, ms, flops, oracle.rel_l2(out))
+        results.append(row)
+        _print(
+            f"  [{i}/{len(ops)}] {label}: {ms:10.1f} ms  {flops / (ms * 1e-3) / 1e9:8.2f} GFLOP/s"
+            f"  rel L2 vs FP32 oracle {row['rel_l2']:.4f} ({len(oracle.rows)} sampled rows)"
+        )
+    runs = [_run_record(preset_name, preset, results)]
+    _write_outputs(args, "cpu", runs)
+    return 0
+
+
+def _run_record(name: str, preset: Preset, results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "preset": name,
+        "about": preset.about,
+        "lengths": list(preset.lengths),
+        "heads": preset.heads,
+        "flops": attention_flops(preset.lengths, preset.heads),
+        "results": results,
+    }
+
+
+def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> int:
+    import torch
+
+    from . import benchtools
 
     device = torch.device("cuda")
-    name = torch.cuda.get_device_name(device)
+    gpu_name = torch.cuda.get_device_name(device)
     cap = torch.cuda.get_device_capability(device)
+    impls = [f"flashinfer_h3 {op}" for op in ops] + _peer_names()
+    total = len(names) * len(impls)
     _print(
-        f"bench on {name} (compute capability {cap[0]}.{cap[1]}), preset {preset_name!r}: "
-        f"{preset.about}; median of {args.iters} runs, whole call"
+        f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
+        f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
+        f"after {args.warmup} warm-up, whole call; accuracy: relative L2 vs the FP32 oracle on "
+        f"up to {benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
     )
-    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, device, args.seed)
+    runs: list[dict[str, Any]] = []
+    progress = [0, total]
+    for preset_name in names:
+        runs.append(_bench_gpu_preset(args, ops, preset_name, progress))
+        torch.cuda.empty_cache()
+    _write_outputs(args, gpu_name, runs)
+    return 0
+
+
+def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str,
+                      progress: list[int]) -> dict[str, Any]:
+    """Every implementation on one preset; ``progress`` = [measurements done, total]."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from . import benchtools
+
+    preset = PRESETS[preset_name]
+    flops = attention_flops(preset.lengths, preset.heads)
+    _print(f"preset {preset_name!r}: {preset.about}; {_shape_text(preset)}")
+    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), args.seed)
+    oracle = benchtools.sampled_oracle(q, k, v, bounds, seed=args.seed)
     out = torch.empty_like(q)
-    rows: list[tuple[str, Callable[[], Any]]] = []
+    rows: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = []
     for op in ops:
         fn = _operator(op)
-        rows.append(
-            (
-                f"flashinfer_h3 {op} [{_backend_label(op)}]",
-                lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds),
-            )
-        )
-    rows.append(
-        ("torch SDPA cuDNN bf16", _sdpa_runner(q, k, v, bounds, SDPBackend.CUDNN_ATTENTION))
-    )
-    rows.append(
-        ("torch SDPA flash bf16", _sdpa_runner(q, k, v, bounds, SDPBackend.FLASH_ATTENTION))
-    )
-    for label, fn in rows:
+        rows.append((
+            f"flashinfer_h3 {op} [{_backend_label(op)}]",
+            lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds),
+            lambda result: result,
+        ))
+    for label, backend in (("torch SDPA cuDNN bf16", SDPBackend.CUDNN_ATTENTION),
+                           ("torch SDPA flash bf16", SDPBackend.FLASH_ATTENTION)):
+        rows.append((label, *benchtools.sdpa_peer(q, k, v, bounds, backend)))
+    if benchtools.sageattention_available():
+        rows.append(("SageAttention", *benchtools.sageattention_peer(q, k, v, bounds)))
+    results: list[dict[str, Any]] = []
+    for label, fn, to_packed in rows:
+        progress[0] += 1
+        step = f"[{progress[0]}/{progress[1]}] {preset_name} {label}"
         try:
+            rel = oracle.rel_l2(to_packed(fn()))  # one untimed call: the accuracy column
             ms = _time_cuda(fn, args.iters, args.warmup)
-            results.append({"name": label, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
+            row = _bench_result(label, ms, flops, rel)
+            _print(f"  {step}: {ms:.3f} ms, {row['tflops']:.1f} TFLOP/s, rel L2 {rel:.4f}")
         except Exception as exc:  # a peer backend may be unavailable on this build/GPU
-            results.append(
-                {
-                    "name": label,
-                    "ms": None,
-                    "tflops": None,
-                    "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
-                }
-            )
+            error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+            row = _bench_result(label, None, flops, None, error)
+            _print(f"  {step}: n/a ({error})")
+        results.append(row)
+    _print_table(results)
+    return _run_record(preset_name, preset, results)
+
+
+def _print_table(results: list[dict[str, Any]]) -> None:
     peers = {r["name"]: r["ms"] for r in results}
     cudnn, flash = peers.get("torch SDPA cuDNN bf16"), peers.get("torch SDPA flash bf16")
-    _print(f"  {'':24s} {'ms':>9s} {'TFLOP/s':>9s} {'x cuDNN':>8s} {'x flash':>8s}")
+    _print(
+        f"  {'':24s} {'ms':>9s} {'TFLOP/s':>9s} {'x cuDNN':>8s} {'x flash':>8s} {'rel L2':>8s}"
+    )
     for r in results:
         if r["ms"] is None:
             _print(f"  {r['name']:24s} n/a ({r['error']})")
@@ -551,66 +684,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ratio = "  ".join(
             f"{x:8.2f}" if x else f"{'n/a':>8s}" for x in (r["vs_cudnn"], r["vs_flash"])
         )
-        _print(f"  {r['name']:24s} {r['ms']:9.3f} {r['tflops']:9.1f} {ratio}")
-    _write_json(args, preset_name, preset, name, results)
-    return 0
+        _print(f"  {r['name']:24s} {r['ms']:9.3f} {r['tflops']:9.1f} {ratio} {r['rel_l2']:8.4f}")
 
 
-def _write_json(
-    args: argparse.Namespace,
-    preset_name: str,
-    preset: Preset,
-    device: str,
-    results: list[dict[str, Any]],
-) -> None:
-    if not args.json:
-        return
-    payload = {
+def _write_outputs(args: argparse.Namespace, device: str, runs: list[dict[str, Any]]) -> None:
+    import datetime
+
+    payload: dict[str, Any] = {
         "flashinfer_h3": __version__,
         "device": device,
-        "preset": preset_name,
-        "lengths": list(preset.lengths),
-        "heads": preset.heads,
-        "flops": attention_flops(preset.lengths, preset.heads),
-        "results": results,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "runs": runs,
     }
-    Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
-    _print(f"bench: results written to {args.json}")
+    if len(runs) == 1:  # one preset: its fields at the top level too
+        payload.update({k: v for k, v in runs[0].items() if k != "about"})
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+        _print(f"bench: results written to {args.json}")
+    if args.plot:
+        from . import benchtools
+
+        benchtools.plot(payload, args.plot)
+        _print(f"bench: plot written to {args.plot}")
 
 
 # ---------------------------------------------------------------------------------------------
 
 
+DESCRIPTION = "flashinfer_h3: NVFP4 / FP8 packed-varlen attention for MiniMax-H3."
+EPILOG = """Without a GPU: info, warmup --arch, check (the reference against the oracle) and bench
+(the small preset on the reference) still work.
+Run "python -m flashinfer_h3 COMMAND --help" for a command's options."""
+BENCH_EPILOG = """presets:
+""" + "\n".join(f"  {name:11s} {preset.about}" for name, preset in PRESETS.items()) + """
+
+Each measurement is the median of --iters timed calls (CUDA events, whole call) after --warmup
+untimed ones, with the relative L2 error against the FP32 oracle on sampled rows. TFLOP/s =
+4 * sum(L^2) * heads * 128 / time. Optional peers (SageAttention) and --plot need the bench
+extra: pip install 'flashinfer-h3[bench]'."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="python -m flashinfer_h3", description=__doc__.split("\n\n")[0]
+        prog="python -m flashinfer_h3", description=DESCRIPTION, epilog=EPILOG, formatter_class=raw
     )
     parser.add_argument("--version", action="version", version=f"flashinfer_h3 {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="versions, GPU and arch, nvcc, cache, prebuilt kernels, and "
-                       "the backend of each operator")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    about = "versions, GPU and arch, nvcc, cache, prebuilt kernels"
+    p = sub.add_parser("info", help=about, description=f"Print {about}, and the backend each "
+                       "operator runs on (a kernel or the torch emulation).")
     p.add_argument("--arch", help="show the backends for these targets, e.g. sm_90a,sm_120a "
                    "(default: the visible GPUs, else FLASHINFER_H3_CUDA_ARCH_LIST)")
-    p = sub.add_parser("warmup", help="build the kernels ahead of time (no GPU needed with --arch)")
+    about = "build the kernels ahead of time (no GPU needed with --arch)"
+    p = sub.add_parser("warmup", help=about, description="Compile and cache every kernel "
+                       "module for the chosen architectures (no GPU needed with --arch).")
     p.add_argument(
         "--arch",
         help="comma-separated targets, e.g. sm_90a,sm_120a "
         "(default: FLASHINFER_H3_CUDA_ARCH_LIST, else the visible GPUs)",
     )
     p.add_argument("--op", help="comma-separated ops among utils,nvfp4,fp8 (default: all)")
-    p = sub.add_parser("check", help="run each operator on a small input against the references")
+    about = "run each operator on a small input against the references"
+    p = sub.add_parser("check", help=about, description="Run each operator on a small random "
+                       "input and compare it with the reference and the FP32 oracle (without a "
+                       "GPU: the reference against the oracle).")
     p.add_argument("--op", help="comma-separated operators among nvfp4,fp8 (default: both)")
-    p.add_argument("--seed", type=int, default=0)
-    p = sub.add_parser("bench", help="time the operators on MiniMax-H3 shapes against PyTorch SDPA")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random inputs (default: %(default)s)")
+    about = "time the operators on MiniMax-H3 shapes against PyTorch SDPA"
+    p = sub.add_parser("bench", help=about, epilog=BENCH_EPILOG, formatter_class=raw,
+                       description="Time the operators on MiniMax-H3 shapes against PyTorch's "
+                       "cuDNN and flash BF16 attention\n(and SageAttention when installed), "
+                       "measured in the same process; print a table, optionally\nwrite JSON and "
+                       "a PNG plot. Without a GPU: only the small preset, on the torch reference.")
     p.add_argument(
         "--preset",
-        help=f"one of {', '.join(PRESETS)} (default: {DEFAULT_PRESET}; 'small' without a GPU)",
+        help=f"comma-separated presets among {', '.join(PRESETS)}, or 'all' (default: "
+        f"{DEFAULT_PRESET}; 'small' without a GPU, where the others are refused)",
     )
     p.add_argument("--op", help="comma-separated operators among nvfp4,fp8 (default: both)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--iters", type=_positive_int, default=10,
+                   help="timed calls per measurement, >= 1; the median is reported "
+                   "(default: %(default)s)")
+    p.add_argument("--warmup", type=_non_negative_int, default=2,
+                   help="untimed calls before timing, >= 0 (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random inputs and of the sampled oracle rows "
+                   "(default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw TFLOP/s and time per implementation per preset into this "
+                   "PNG (needs matplotlib: the bench extra)")
     return parser
 
 
