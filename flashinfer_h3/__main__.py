@@ -101,7 +101,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         _print(f"prebuilt kernels: {len(prebuilt)}")
         for so, entry in prebuilt:
             _print(
-                f"  {entry.get('op')} {entry.get('arch')} head_dim={entry.get('head_dim')}: {so}"
+                f"  {entry.get('module', entry.get('op'))} {entry.get('arch')} "
+                f"head_dim={entry.get('head_dim')}: {so}"
             )
     else:
         where = (
