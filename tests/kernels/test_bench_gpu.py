@@ -35,7 +35,9 @@ def test_bench_small_on_the_gpu(tmp_path: Path, capsys) -> None:
         if r["name"].startswith("flashinfer_h3") or r["name"].startswith("torch SDPA"):
             assert r["ms"] > 0 and r["tflops"] > 0, r
         if r["ms"] is not None:
-            bar = 0.21 if "nvfp4" in r["name"] else 0.06 if "fp8" in r["name"] else 0.02
+            name = r["name"]
+            bar = (0.21 if "nvfp4" in name else 0.06 if "fp8" in name
+                   else 0.02 if name.startswith("torch SDPA") else 0.25)  # SageAttention
             assert 0 <= r["rel_l2"] <= bar, r
     if "--plot" in argv:
         assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
