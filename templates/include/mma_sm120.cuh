@@ -4,7 +4,7 @@
 // scale per 16 K-elements (NVFP4), FP32 accumulation: PTX ISA 9.0 §9.7.14.5.14 ("mma",
 // kind::mxf4nvf4 .block_scale .scale_vec::4X) with the fragment layouts of §9.7.14.5.11
 // (m16n8k64) and the scale-lane rules of §9.7.14.3 ("Block Scaling for mma.sync"). The layout is
-// summarised in shared/notes/ptx_fp4.md §3-4; per lane (g = lane / 4, t = lane % 4):
+// summarised here; per lane (g = lane / 4, t = lane % 4):
 //
 //   A  a[0]: row g,   k 8t..8t+7      a[1]: row g+8, k 8t..8t+7
 //      a[2]: row g,   k 32+8t..+7     a[3]: row g+8, k 32+8t..+7   (element k in nibble k % 8)
