@@ -1,4 +1,5 @@
-// Online softmax and the two-level quantization of P for the NVFP4 attention kernel (SPEC 3.6-3.8).
+// Online softmax (shared by the mma.sync NVFP4 and FP8 kernels; the P scale is a parameter) and
+// the two-level quantization of P for the NVFP4 attention kernel (SPEC 3.6-3.8, 4.3).
 //
 // Works on one warp's slice of a KV tile: S is 16 query rows x 128 keys held as 16 m16n8 FP32
 // accumulators (lane g = lane/4, t = lane%4 holds rows g and g+8, columns 2t and 2t+1 of each).
@@ -58,12 +59,16 @@ struct OnlineSoftmax {
     row_sum[0] = row_sum[1] = 0.0f;
   }
 
-  // One tile: S (masked keys at -inf) -> Ptil = 2688 * 2^((S - m_t) c) in place. Returns, per
-  // row, alpha = 2^((m_{t-1} - m_t) c), the factor the caller applies to O.
-  __device__ __forceinline__ void update(float (&s)[kNTiles][4], float c, float (&alpha)[2]) {
+  // One tile: S (masked keys at -inf) -> Ptil = p_scale * 2^((S - m_t) c) in place (p_scale: 2688
+  // for NVFP4, SPEC 3.6; 256 for FP8, SPEC 4.3). Returns, per row, alpha = 2^((m_{t-1} - m_t) c),
+  // the factor the caller applies to O.
+  // kN: the n8 accumulators of the tile (16 for 128 keys; the FP8 kernel's tiles have 8).
+  template <int kN>
+  __device__ __forceinline__ void update(float (&s)[kN][4], float c, float (&alpha)[2],
+                                         float p_scale = kPtilMax) {
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
+    for (int j = 0; j < kN; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
     }
@@ -79,10 +84,10 @@ struct OnlineSoftmax {
     }
     float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
+    for (int j = 0; j < kN; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = kPtilMax * exp2f((s[j][e] - m_ref[e >> 1]) * c);
+        const float p = p_scale * exp2f((s[j][e] - m_ref[e >> 1]) * c);
         s[j][e] = p;
         tile_sum[e >> 1] += p;
       }
