@@ -13,6 +13,8 @@ name                       operator  kind        runs on (auto)                 
 ``mma_sync_fp4``           nvfp4     kernel      sm_120a, sm_121a (auto)                nvfp4
 ``mma_sync_fp4_emulated``  nvfp4     kernel      sm_90a (auto): the same source, the    nvfp4
                                                  emulated FP4 MMA layer
+``mma_sync_fp8``           fp8       kernel      sm_120a, sm_121a, sm_90a (auto; on     fp8
+                                                 sm_90a until wgmma_fp8): the same source
 ``reference``              both      reference   any CUDA GPU (auto where no kernel     --
                                                  is registered): the torch emulation
 =========================  ========  ==========  =====================================  ========
@@ -459,6 +461,26 @@ def mma_sync_fp4_launcher(module: Any, backend: Backend) -> Launch:
     return launch
 
 
+def mma_sync_fp8_launcher(module: Any, backend: Backend) -> Launch:
+    """The FP8 pre-pass and the mma.sync FP8 attention kernel of module ``fp8``."""
+    quantize, attention = module.quantize_fp8, module.attention_fp8_mma_sync
+
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
+        tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
+        return (*tables, *views), (*views[1:], *tables)
+
+    bound = PlanArgs(derive)
+
+    def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+               bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
+        quantize_args, attention_args = bound.get(plan, views)
+        quantize(q, k, v, *quantize_args)
+        attention(out, *attention_args, scale)
+
+    return launch
+
+
 def reference_launcher(module: Any, backend: Backend) -> Launch:
     """The torch emulation of the operator's recipe (reference.py), on the call's device."""
     from . import reference
@@ -491,6 +513,13 @@ register(Backend(
     aliases=("sm120_emulated",),
     summary="the mma.sync NVFP4 kernel with the emulated FP4 MMA layer (exact FP16 HMMA)",
 ))
+register(Backend(
+    "mma_sync_fp8", "fp8", KERNEL, mma_sync_fp8_launcher, module="fp8", workspace="fp8",
+    capturable=True, archs=("sm_90a", "sm_120a", "sm_121a"),
+    auto=(("sm_120a", 10), ("sm_121a", 10), ("sm_90a", 10)),
+    summary="mma.sync FP8 kernel, E4M3 m16n8k32 (QMMA.16832 on SM120; F16 unpacks + HMMA on "
+            "sm_90a, lowered by ptxas)",
+))
 for _op in OPERATORS:
     register(Backend(
         REFERENCE, _op, REFERENCE, reference_launcher, capturable=False, archs=(),
@@ -498,7 +527,5 @@ for _op in OPERATORS:
         summary="torch emulation of the recipe (exact, slow, synchronises, not capturable)",
     ))
 # Coming (each one registration, with its module, templates and launcher):
-#   mma_sync_fp8  fp8  kernel  module "fp8" (+ attention_fp8_mma_sync.cu.jinja), workspace "fp8",
-#                 archs sm_90a/sm_120a/sm_121a, auto (sm_120a, 10), (sm_121a, 10), (sm_90a, 10)
 #   wgmma_fp8     fp8  kernel  module "fp8_wgmma" (quantize + attention_fp8_wgmma, sm_90a only),
 #                 workspace "fp8", archs sm_90a, auto (sm_90a, 20): above mma_sync_fp8 there

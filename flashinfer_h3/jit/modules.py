@@ -65,8 +65,10 @@ register_module(ModuleDef(
     about="NVFP4 pre-pass + the mma.sync NVFP4 kernel (native MMA on sm_120a, emulated on sm_90a)",
 ))
 register_module(ModuleDef(
-    "fp8", ("quantize.cu.jinja",), "fp8", exports=("quantize_fp8",),
-    about="FP8 pre-pass",
+    "fp8", ("quantize.cu.jinja", "attention_fp8_mma_sync.cu.jinja"), "fp8",
+    exports=("quantize_fp8", "attention_fp8_mma_sync", "attention_fp8_mma_sync_smem_bytes"),
+    about="FP8 pre-pass + the mma.sync FP8 kernel (QMMA.16832 on sm_120a; on sm_90a ptxas lowers "
+          "the same E4M3 mma.sync to F16 unpacks + HMMA)",
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

@@ -33,19 +33,24 @@ def _noop_launcher(module, backend):
 
 @pytest.fixture
 def fp8_kernels() -> Iterator[None]:
-    """The two FP8 kernel slots, registered the way their owners will (with fake launchers)."""
-    mma = backends.register(backends.Backend(
-        "mma_sync_fp8", "fp8", backends.KERNEL, _noop_launcher, module="fp8", workspace="fp8",
-        capturable=True, archs=("sm_90a", "sm_120a", "sm_121a"),
-        auto=(("sm_120a", 10), ("sm_121a", 10), ("sm_90a", 10)),
-    ))
-    wgmma = backends.register(backends.Backend(
-        "wgmma_fp8", "fp8", backends.KERNEL, _noop_launcher, module="fp8", workspace="fp8",
-        capturable=True, archs=("sm_90a",), auto=(("sm_90a", 20),),
-    ))
+    """The two FP8 kernel slots, registered the way their owners do (fake launchers for the ones
+    that are not registered yet; a registered one is left as it is)."""
+    added = []
+    fp8 = {b.name for b in backends.backends("fp8")}
+    if "mma_sync_fp8" not in fp8:
+        added.append(backends.register(backends.Backend(
+            "mma_sync_fp8", "fp8", backends.KERNEL, _noop_launcher, module="fp8",
+            workspace="fp8", capturable=True, archs=("sm_90a", "sm_120a", "sm_121a"),
+            auto=(("sm_120a", 10), ("sm_121a", 10), ("sm_90a", 10)),
+        )))
+    if "wgmma_fp8" not in fp8:
+        added.append(backends.register(backends.Backend(
+            "wgmma_fp8", "fp8", backends.KERNEL, _noop_launcher, module="fp8", workspace="fp8",
+            capturable=True, archs=("sm_90a",), auto=(("sm_90a", 20),),
+        )))
     yield
-    backends.unregister("fp8", wgmma.name)
-    backends.unregister("fp8", mma.name)
+    for backend in reversed(added):
+        backends.unregister("fp8", backend.name)
 
 
 def test_registered_backends_say_what_runs() -> None:
@@ -141,7 +146,7 @@ def test_choice_order_scoped_process_env(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_choice_errors() -> None:
     with pytest.raises(ValueError, match=r"set_backend\('fp8', ...\): 'mma_sync_fp4' is not an?"
-                       r" fp8 backend; expected one of auto, reference"):
+                       r" fp8 backend; expected one of auto, (\w+, )*reference"):
         backends.set_backend("fp8", "mma_sync_fp4")
     with pytest.raises(ValueError, match="unknown operator 'bf16'"):
         backends.set_backend("bf16", "auto")
@@ -155,7 +160,9 @@ def test_choice_errors() -> None:
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """A GPU of a settable compute capability; JIT modules are never loaded."""
-    module = type("FakeModule", (), {"quantize_nvfp4": None, "attention_nvfp4": None})()
+    exports = ("quantize_nvfp4", "attention_nvfp4", "quantize_fp8", "attention_fp8_mma_sync",
+               "attention_fp8_wgmma")
+    module = type("FakeModule", (), dict.fromkeys(exports))()
     state = {"cap": (9, 0), "loads": [], "module": module}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["cap"])
     import flashinfer_h3.jit as jit
@@ -171,12 +178,13 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
 def test_prepared_once_per_op_device_choice(fake_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
     dev = torch.device("cuda", 0)
     first = backends.prepared("fp8", dev)
-    assert first.name == "reference" and first.workspace is None and not first.capturable
+    auto = backends.resolve_for_arch("fp8", "sm_90a")
+    assert first.name == auto.name and first.workspace == auto.workspace
     assert backends.prepared("fp8", dev) is first
     with backends.use_backend("fp8", "reference"):
         scoped = backends.prepared("fp8", dev)
-    assert scoped.name == "reference"
-    assert fake_gpu["loads"] == []  # the reference needs no module
+    assert scoped.name == "reference" and scoped.workspace is None and not scoped.capturable
+    assert fake_gpu["loads"] == ([auto.module] if auto.module else [])  # the reference: none
     monkeypatch.setenv("FLASHINFER_H3_NVFP4_BACKEND", "reference")
     assert backends.prepared("nvfp4", dev).name == "reference"
     monkeypatch.setenv("FLASHINFER_H3_NVFP4_BACKEND", "mma_sync_fp4")
