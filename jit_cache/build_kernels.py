@@ -12,19 +12,31 @@ Then: pip wheel --no-deps -w dist ./jit_cache
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+
+from flashinfer_h3 import __version__
+from flashinfer_h3.jit import KernelConfig, export_prebuilt, parse_arch_list
+from flashinfer_h3.jit.spec import SUPPORTED_HEAD_DIMS
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import flashinfer_h3_jit_cache  # noqa: E402
 
-from flashinfer_h3 import __version__  # noqa: E402
-from flashinfer_h3.jit import KernelConfig, export_prebuilt, parse_arch_list  # noqa: E402
-from flashinfer_h3.jit.spec import SUPPORTED_HEAD_DIMS  # noqa: E402
+def jit_cache_package() -> ModuleType:
+    """This checkout's flashinfer_h3_jit_cache/__init__.py, loaded under a private name: neither
+    sys.path nor sys.modules changes, so this checkout's kernels never become the installed
+    prebuilt package of the process (the tests load this file)."""
+    spec = importlib.util.spec_from_file_location(
+        "_flashinfer_h3_jit_cache_of_the_checkout", HERE / "flashinfer_h3_jit_cache" / "__init__.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def production_modules() -> list[tuple[str, tuple[str, ...] | None]]:
@@ -60,6 +72,7 @@ def module_configs(archs: list[str], only: list[str] | None = None) -> list[Kern
 
 
 def main(argv: list[str] | None = None) -> int:
+    flashinfer_h3_jit_cache = jit_cache_package()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--arch", default="sm_90a,sm_120a", help="comma-separated targets (default: %(default)s)"

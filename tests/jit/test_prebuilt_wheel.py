@@ -102,6 +102,10 @@ def test_build_kernels_ships_every_production_module(fake_nvcc, project: Path,
 
 
 def test_build_kernels_rejects_an_unknown_module() -> None:
+    path_before = list(sys.path)
     build_kernels = _load_build_kernels()
+    # Loading the script leaves the process alone: the checkout's (possibly built) kernels must
+    # not become the installed prebuilt package of the rest of the test session.
+    assert sys.path == path_before and "flashinfer_h3_jit_cache" not in sys.modules
     with pytest.raises(SystemExit, match="unknown module"):
         build_kernels.module_configs(["sm_90a"], ["nope"])
