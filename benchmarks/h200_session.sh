@@ -30,6 +30,10 @@ if [[ $what == all || $what == tests ]]; then
         tests/test_binding_gpu.py tests/test_ops_gpu.py tests/test_quantize_gpu.py \
         tests/test_mma_layer_gpu.py tests/test_attention_nvfp4_gpu.py \
         tests/test_api_errors.py tests/test_plan_workspace.py 2>&1 | tee "$OUT/tests_gpu.log"
+    # The mma.sync FP8 kernel (the worst relative L2 against the reference is printed last).
+    timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
+        tests/kernels/test_attention_fp8_mma_sync_gpu.py 2>&1 | tail -n 80 \
+        | tee "$OUT/tests_fp8_mma_sync_gpu.log"
     timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -k "gpu or cuda" \
         tests/test_reference_accuracy.py tests/test_formats.py tests/test_reference.py \
         2>&1 | tee "$OUT/tests_reference_gpu.log"
@@ -46,6 +50,8 @@ if [[ $what == all || $what == bench ]]; then
         for preset in h3-10s h3-15s-sp4 h3-mix; do
             timeout 120 python3 -m flashinfer_h3 bench --op nvfp4 --preset "$preset" --iters 3 \
                 --json "$OUT/bench_$preset.json"
+            timeout 120 python3 -m flashinfer_h3 bench --op fp8 --preset "$preset" --iters 3 \
+                --json "$OUT/bench_fp8_$preset.json"
         done
     } 2>&1 | tee "$OUT/bench.log"
 fi
@@ -53,15 +59,16 @@ fi
 if [[ $what == all || $what == sanitize ]]; then
     cat > /tmp/small_call.py <<'PY'
 import torch
-from flashinfer_h3 import varlen_attention_nvfp4
+from flashinfer_h3 import varlen_attention_fp8, varlen_attention_nvfp4
 bounds = [0, 1, 17, 17, 162, 300]
 t = bounds[-1]
 q, k, v = (torch.randn(t, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-out = varlen_attention_nvfp4(q, k, v, cu, cu_seqlens_host=bounds)
-torch.cuda.synchronize()
-assert torch.isfinite(out.float()).all()
-print("small packed call ok", tuple(out.shape))
+for op in (varlen_attention_nvfp4, varlen_attention_fp8):
+    out = op(q, k, v, cu, cu_seqlens_host=bounds)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    print(op.__name__, "small packed call ok", tuple(out.shape))
 PY
     {
         for tool in memcheck racecheck; do
