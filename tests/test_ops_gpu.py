@@ -1,8 +1,8 @@
 """The public operators on a CUDA GPU: accuracy, poisoned outputs, streams, CUDA graphs,
 sync-free calls, torch.compile, device errors (skipped without a GPU).
 
-Which backend runs is decided as in production (``FLASHINFER_H3_NVFP4_BACKEND``, default
-``auto``); the FP8 operator runs on the torch reference until its attention kernel lands, so the
+Which backend runs is decided as in production (``FLASHINFER_H3_NVFP4_BACKEND`` /
+``FLASHINFER_H3_FP8_BACKEND``, default ``auto``: kernels for both operators on 9.0 and 12.x); the
 sync-free and CUDA-graph tests only apply to kernel backends (for the reference they check the
 documented refusal instead).
 """
