@@ -15,6 +15,8 @@ name                       operator  kind        runs on (auto)                 
                                                  emulated FP4 MMA layer
 ``mma_sync_fp8``           fp8       kernel      sm_120a, sm_121a, sm_90a (auto; on     fp8
                                                  sm_90a until wgmma_fp8): the same source
+``wgmma_fp8``              fp8       kernel      sm_90a (auto, above mma_sync_fp8): TMA   fp8_wgmma
+                                                 + ping-pong warpgroups, E4M3 wgmma
 ``reference``              both      reference   any CUDA GPU (auto where no kernel     --
                                                  is registered): the torch emulation
 =========================  ========  ==========  =====================================  ========
@@ -481,6 +483,27 @@ def mma_sync_fp8_launcher(module: Any, backend: Backend) -> Launch:
     return launch
 
 
+def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
+    """The FP8 pre-pass and the Hopper wgmma FP8 kernel of module ``fp8_wgmma``. The kernel also
+    takes the plan's used V columns (``vkey_start[S]``): its V tensor map ends there."""
+    quantize, attention = module.quantize_fp8, module.attention_fp8_wgmma
+
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+        # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
+        tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
+        return (*tables, *views), (*views[1:], *tables), plan.host.vkey_start[-1]
+
+    bound = PlanArgs(derive)
+
+    def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+               bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
+        quantize_args, attention_args, vkeys_used = bound.get(plan, views)
+        quantize(q, k, v, *quantize_args)
+        attention(out, *attention_args, scale, vkeys_used)
+
+    return launch
+
+
 def reference_launcher(module: Any, backend: Backend) -> Launch:
     """The torch emulation of the operator's recipe (reference.py), on the call's device."""
     from . import reference
@@ -520,6 +543,12 @@ register(Backend(
     summary="mma.sync FP8 kernel, E4M3 m16n8k32 (QMMA.16832 on SM120; F16 unpacks + HMMA on "
             "sm_90a, lowered by ptxas)",
 ))
+register(Backend(
+    "wgmma_fp8", "fp8", KERNEL, wgmma_fp8_launcher, module="fp8_wgmma", workspace="fp8",
+    capturable=True, archs=("sm_90a",), auto=(("sm_90a", 20),),
+    summary="Hopper FP8 kernel: TMA producer + two ping-pong consumer warpgroups, E4M3 wgmma "
+            "(QGMMA.64x128x32), two-level PV accumulation",
+))
 for _op in OPERATORS:
     register(Backend(
         REFERENCE, _op, REFERENCE, reference_launcher, capturable=False, archs=(),
@@ -527,5 +556,4 @@ for _op in OPERATORS:
         summary="torch emulation of the recipe (exact, slow, synchronises, not capturable)",
     ))
 # Coming (each one registration, with its module, templates and launcher):
-#   wgmma_fp8     fp8  kernel  module "fp8_wgmma" (quantize + attention_fp8_wgmma, sm_90a only),
-#                 workspace "fp8", archs sm_90a, auto (sm_90a, 20): above mma_sync_fp8 there
+#   wgmma_fp16_nvfp4  nvfp4  kernel  the NVFP4 numerics on FP16 wgmma (attention/sm90/), sm_90a

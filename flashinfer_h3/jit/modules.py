@@ -71,6 +71,12 @@ register_module(ModuleDef(
           "the same E4M3 mma.sync to F16 unpacks + HMMA)",
 ))
 register_module(ModuleDef(
+    "fp8_wgmma", ("quantize.cu.jinja", "attention_fp8_wgmma.cu.jinja"), "fp8", archs=("sm_90a",),
+    exports=("quantize_fp8", "attention_fp8_wgmma", "attention_fp8_wgmma_smem_bytes"),
+    about="FP8 pre-pass + the Hopper FP8 kernel: warp-specialised, TMA + mbarriers, E4M3 wgmma, "
+          "two consumer warpgroups in ping-pong",
+))
+register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),
     test_only=True,
     about="tests: one block-scaled FP4 MMA of the mma.sync layer against its PTX contract",

@@ -1,0 +1,314 @@
+// The Hopper FP8 attention kernel (docs/spec.md section 4): warp-specialised, E4M3 wgmma for both
+// products, FP32 softmax, BF16 output.
+//
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh, one CTA per SM:
+//   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
+//              completing on mbarriers; gives most of its registers away (setmaxnreg)
+//   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile
+//                 QK^T  S = Q K^T                   wgmma SS, m64n128k32 x 4
+//                 softmax (fp8_softmax.cuh)         S -> P (E4M3, in registers), m, l
+//                 PV    Otmp = P V                  wgmma RS (A = P from registers), fresh per tile
+//                 O = alpha O + Otmp                two-level accumulation in FP32 (spec 4.4)
+//              and the epilogue O * sv / l -> bf16 for the block's real rows.
+// The consumers alternate on named barriers: a "GEMM phase" of consumer c issues PV of tile t - 1
+// and QK^T of tile t back to back, then hands the tensor cores to the other consumer and does its
+// softmax while the other's GEMMs run.
+//
+// Operands are the FP8 workspace regions (flashinfer_h3/layout.py) written by the pre-pass, read
+// through three tensor maps built by the binding with the 128-byte swizzle that wgmma's K-major
+// descriptors expect: Q and K as [H][T][128] bytes (box 128 rows), V^T as [H][128][V columns] (box
+// 128 columns). Rows past the tensor are zero-filled by TMA; keys past the segment are masked;
+// V columns past the segment's padded end hold finite codes of the next segment (or TMA zeros past
+// the last one) and meet P = 0.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../ptx/mbarrier.cuh"
+#include "../../ptx/tma.cuh"
+#include "../../ptx/warpgroup.cuh"
+#include "../../ptx/wgmma.cuh"
+#include "fp8_softmax.cuh"
+#include "shared_storage.cuh"
+#include "tile_scheduler.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+// setmaxnreg moves registers inside the CTA's own allocation: __launch_bounds__(384, 1) gives each
+// thread 168 (65536 / 384 rounded down to a multiple of 8), and the consumers' increase waits until
+// the producer's decrease has freed enough, so the split must fit exactly that pool (a larger
+// request deadlocks the CTA).
+constexpr uint32_t kLaunchRegs = 168;
+constexpr uint32_t kProducerRegs = 24;
+constexpr uint32_t kConsumerRegs = 240;
+static_assert(kProducerRegs * kWarpgroupThreads + kConsumerRegs * kConsumers * kWarpgroupThreads <=
+                  kLaunchRegs * kThreads,
+              "the consumers' registers must come from the producer's");
+
+struct Fp8Params {
+  PlanTables plan;
+  const float* q_scales;  // [H, T]
+  const float* k_scales;  // [H, k_scale_stride] (canonical 128-key blocks)
+  const float* v_scales;  // [S, H, 128]
+  __nv_bfloat16* out;     // [T, H, 128]
+  int tokens;
+  int k_scale_stride;
+  float c;  // fp32(softmax_scale) * fp32(log2 e)
+};
+
+// ---- producer ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ void produce(SharedStorage& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                        const CUtensorMap* tm_v, const Fp8Params& p) {
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
+    const WorkItem it = work_item(p.plan, w);
+    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
+    ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    for (int t = 0; t < tiles; ++t, ++slot.index) {
+      const int st = slot.stage();
+      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
+      ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
+      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
+      ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
+    }
+  }
+}
+
+// ---- consumers ---------------------------------------------------------------------------------
+
+// S = Q K^T over the 128 channels: four k32 steps along the 128-byte rows of both tiles.
+__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_tile) {
+  ptx::wgmma_fence();  // the softmax read s: order that before the wgmma writes it
+#pragma unroll
+  for (int k = 0; k < kHeadDim / 32; ++k) {
+    ptx::wgmma_m64n128k32_e4m3_ss(s, ptx::wgmma_desc_sw128(q_rows + 32 * k), ptx::wgmma_desc_sw128(k_tile + 32 * k),
+                                  k > 0);
+  }
+  ptx::wgmma_commit();
+}
+
+// Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh accumulator.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile) {
+  ptx::wgmma_fence();  // the softmax wrote pa and the O update read o: order both before the wgmma
+#pragma unroll
+  for (int k = 0; k < kTileKeys / 32; ++k) {
+    const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
+    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_sw128(v_tile + 32 * k), k > 0);
+  }
+  ptx::wgmma_commit();
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void fence_all(T (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) ptx::fence_operand(x[i]);
+}
+
+// The thread that arrives on `empty` barriers for its warpgroup (read from %tid when needed: a
+// register kept for it across the tile loop is one the loop lacks).
+__device__ __forceinline__ bool signals_for_warpgroup() { return threadIdx.x % kWarpgroupThreads == 0; }
+
+__device__ __forceinline__ void gemm_phase_begin(uint32_t my_turn) {
+  ptx::named_barrier_sync(my_turn, kPingPongThreads);
+}
+
+// Waits for the K tile of `slot` and issues S = Q K^T on it.
+__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* q_rows, SharedStorage& sm,
+                                                    const RingSlot& slot) {
+  ptx::mbarrier_wait(&sm.k_full[slot.stage()], slot.parity());
+  issue_qk(s, q_rows, sm.k[slot.stage()]);
+}
+
+// Waits for the V tile of the slot before `slot` (the tile of the last softmax) and issues P V.
+__device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uint32_t (&pa)[16], SharedStorage& sm,
+                                                    const RingSlot& slot) {
+  const int stage = slot.previous_stage();
+  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity());
+  issue_pv(otmp, pa, sm.v[stage]);
+}
+
+// After the PV wgmma completed: release its V tile, O = alpha O + Otmp.
+__device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
+                                          const Fp8RowState& st, SharedStorage& sm, int stage) {
+  fence_all(otmp);
+  fence_all(pa);
+  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], st.alpha[(i >> 1) & 1], otmp[i]);
+}
+
+// After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
+// tile), then the softmax step that makes P of tile t.
+template <int kPolyExp2Every>
+__device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, SharedStorage& sm,
+                                          RingSlot& slot, const WorkItem& it, int t, int tiles, const float* ks,
+                                          float c, int quad_col) {
+  fence_all(s);
+  if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+  }
+  const int valid = it.seg_len - t * kTileKeys;
+  const float sk = __ldg(ks + t);
+  if (valid < kTileKeys) {
+    fp8_softmax_tile<true, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
+  } else {
+    fp8_softmax_tile<false, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
+  }
+  ++slot.index;
+}
+
+// out = bf16(fp32(O * sv) / l) for the thread's two rows, if they are rows of the block.
+__device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowState& st, const WorkItem& it,
+                                             int row0, const Fp8Params& p, int quad_col) {
+  const float* sv = p.v_scales + (static_cast<int64_t>(it.segment) * p.plan.heads + it.head) * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(st.l[r]);
+    const int row = row0 + 8 * r;
+    if (row >= it.row_end) continue;
+    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int ch = 8 * i + quad_col;
+      const float2 s2 = __ldg(reinterpret_cast<const float2*>(sv + ch));
+      const float x0 = (o[4 * i + 2 * r] * s2.x) / l;
+      const float x1 = (o[4 * i + 2 * r + 1] * s2.y) / l;
+      *reinterpret_cast<__nv_bfloat162*>(dst + ch) = __floats2bfloat162_rn(x0, x1);
+    }
+  }
+}
+
+// Consumer schedules (kSchedule):
+//   kFusedPhases  one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back; Otmp and S
+//                 are both live then, so O, S, Otmp and P hold 208 of the 240 registers;
+//   kSplitPhases  QK^T(t) and PV(t) in phases of their own, each waited for at once; PV's fresh
+//                 accumulator reuses S's registers (S is dead once P is packed), which leaves the
+//                 softmax ~96 registers for instruction-level parallelism instead of ~30.
+enum Schedule : int { kFusedPhases = 0, kSplitPhases = 1 };
+
+template <int kPolyExp2Every, int kSchedule, int consumer>
+__device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad_col = 2 * (lane % 4);                      // first of the thread's two columns per chunk
+  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;  // 8 KB: still 1024-byte aligned
+
+  float s[64], otmp[64], o[64];
+  uint32_t pa[16];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = otmp[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) pa[i] = 0u;
+  Fp8RowState st;
+
+  constexpr uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
+  if constexpr (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
+
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
+    const WorkItem it = work_item(p.plan, w);
+    const int row0 = it.row_begin + row_in_block;
+    const float* qs = p.q_scales + static_cast<int64_t>(it.head) * p.tokens;
+    st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
+    const float* ks = p.k_scales + static_cast<int64_t>(it.head) * p.k_scale_stride + it.kblock0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+
+    if constexpr (kSchedule == kSplitPhases) {
+      for (int t = 0; t < tiles; ++t) {
+        gemm_phase_begin(my_turn);
+        issue_qk_when_ready(s, q_rows, sm, slot);
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<0>();
+        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, ks, p.c, quad_col);
+        const int pv_stage = slot.previous_stage();
+        gemm_phase_begin(my_turn);
+        issue_pv_when_ready(s, pa, sm, slot);  // s now holds Otmp
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<0>();
+        finish_pv(o, s, pa, st, sm, pv_stage);
+      }
+    } else {
+      // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
+      // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
+      gemm_phase_begin(my_turn);
+      issue_qk_when_ready(s, q_rows, sm, slot);
+      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      ptx::wgmma_wait<0>();
+      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, ks, p.c, quad_col);
+      for (int t = 1; t < tiles; ++t) {
+        const int pv_stage = slot.previous_stage();
+        gemm_phase_begin(my_turn);
+        issue_pv_when_ready(otmp, pa, sm, slot);
+        issue_qk_when_ready(s, q_rows, sm, slot);
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<1>();
+        finish_pv(o, otmp, pa, st, sm, pv_stage);
+        ptx::wgmma_wait<0>();
+        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, ks, p.c, quad_col);
+      }
+      {
+        const int pv_stage = slot.previous_stage();
+        gemm_phase_begin(my_turn);
+        issue_pv_when_ready(otmp, pa, sm, slot);
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<0>();
+        finish_pv(o, otmp, pa, st, sm, pv_stage);
+      }
+    }
+    // The item's head, segment and row range again (L1-resident table reads): keeping them live
+    // across the tile loop costs registers the loop needs.
+    store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
+  }
+  // Consumer 1 arrived once more on consumer 0's turn than consumer 0 synced (its opening arrive).
+  if constexpr (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
+}
+
+// kPolyExp2Every: every n-th exponential of the softmax on the FMA pipe (0: all on MUFU);
+// kSchedule: the consumers' GEMM schedule (Schedule above).
+template <int kPolyExp2Every, int kSchedule>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                               const __grid_constant__ CUtensorMap tm_v, const Fp8Params p) {
+  extern __shared__ uint8_t dynamic_smem[];
+  SharedStorage& sm = shared_storage(dynamic_smem);
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    init_barriers(sm);
+    ptx::prefetch_tensormap(&tm_q);
+    ptx::prefetch_tensormap(&tm_k);
+    ptx::prefetch_tensormap(&tm_v);
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) produce(sm, &tm_q, &tm_k, &tm_v, p);
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    // The consumer index as a template argument: barrier ids and row offsets become immediates
+    // (a runtime index kept them in registers and pushed the fused schedule into spills).
+    if (warpgroup == 1) {
+      consume<kPolyExp2Every, kSchedule, 0>(sm, p);
+    } else {
+      consume<kPolyExp2Every, kSchedule, 1>(sm, p);
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

@@ -1,0 +1,139 @@
+// Online softmax of the FP8 recipe (docs/spec.md section 4) on one consumer thread's fragment of a
+// 64 x 128 wgmma accumulator: two rows (g and g + 8 of its warp's 16), 32 keys of each.
+//
+// Per KV tile t of 128 keys (one K-scale block):
+//   S    = fp32(sq * sk) * dot                     sk of the tile's block, sq of the row
+//   m_t  = max(m_{t-1}, max_j S)                   the max of S is fp32(sq sk) * max(dot): sq sk >= 0
+//   Ptil = 256 * 2^((S - m_t) c) = 2^(dot * (sq sk c) - (m_t c - 8))      one FFMA + one MUFU.EX2
+//   l    = 2^((m_{t-1} - m_t) c) l + sum Ptil      (unquantized Ptil)
+// and P is packed as E4M3 codes straight into the A registers of the PV wgmma: with V's keys
+// stored in the FP8 key order (reference.fp8_v_column), A register 2h + r of k-step k holds the
+// accumulator pairs of chunks 4k + 2h and 4k + 2h + 1 of row g + 8r, in that order.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "../../ptx/fp8_pack.cuh"
+#include "../../ptx/math.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+constexpr float kFp8PScale = 256.0f;  // spec 4.3: Ptil = 256 * 2^((S - m) c)
+constexpr float kLog2FP8PScale = 8.0f;
+
+struct Fp8RowState {
+  float m[2];      // running max of S (raw units) of rows g, g + 8
+  float l[2];      // this thread's share of the running sum (reduced over the quad at the end)
+  float alpha[2];  // rescale of the previous O, produced by the last softmax step
+  float sq[2];     // Q scales of the rows
+
+  __device__ __forceinline__ void reset(float sq0, float sq1) {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    alpha[0] = alpha[1] = 0.0f;
+    sq[0] = sq0;
+    sq[1] = sq1;
+  }
+};
+
+// 2^x on the FMA pipe, for the share of the exponentials taken off the MUFU unit (FP8 attention
+// at head dim 128 needs one exp per 512 tensor FLOPs, which makes MUFU.EX2 as busy as the tensor
+// cores; see docs/design.md). x = j + f with j = round(x), f in [-0.5, 0.5]; 2^f by a degree-3
+// polynomial fitted for relative error (max 7.6e-5 over the interval), 2^j added to its exponent
+// field. x is clamped at -125 so the exponent never underflows: 2^-125 instead of 0, which E4M3
+// rounds to 0 and which is below any row sum's rounding.
+__device__ __forceinline__ float exp2_fma(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound holds round(x) in its low mantissa bits
+  x = fmaxf(x, -125.0f);
+  const float t = x + kRound;
+  const float f = x - (t - kRound);
+  const float p = fmaf(fmaf(fmaf(0.055170975625514984f, f, 0.24260970950126648f), f, 0.6932609677314758f), f,
+                       0.9999281764030457f);
+  // bits(t) << 23 = round(x) << 23: the high bits of kRound's pattern shift out.
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// One tile: s = raw dot products (accumulator layout), `valid` = keys of the tile inside the
+// segment (< 128 only on a segment's last tile: columns >= valid are masked), sk = the tile's K
+// scale, c = softmax_scale * log2(e). Writes the P operand `pa` and updates `st`. Every
+// kPolyExp2Every-th exponential (0: none) runs on the FMA pipe (exp2_fma).
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, int valid,
+                                                 float sk, float c, int quad_col) {
+  // Row maxima and sums in two independent partials each (halves the dependent FMNMX / FADD
+  // chains; four partials measured no faster and cost registers).
+  float mx[2][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) mx[r][j] = -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (kMasked && 8 * i + quad_col + e >= valid) {
+        s[4 * i + e] = -INFINITY;
+        s[4 * i + 2 + e] = -INFINITY;
+      }
+      mx[0][e] = fmaxf(mx[0][e], s[4 * i + e]);
+      mx[1][e] = fmaxf(mx[1][e], s[4 * i + 2 + e]);
+    }
+  }
+  float scale[2], bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float qk = st.sq[r] * sk;                       // fp32(sq * sk), as the reference
+    const float row_max = fmaxf(mx[r][0], mx[r][1]);
+    const float m_new = fmaxf(st.m[r], qk * quad_max(row_max));
+    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
+    st.m[r] = m_new;
+    scale[r] = qk * c;
+    bias[r] = m_new * c - kLog2FP8PScale;
+  }
+  float p[64];
+  float lsum[2][2] = {};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1;
+    float x = fmaf(s[i], scale[r], -bias[r]);
+    // A masked key has s = -inf; with a zero Q scale (an all-zero row) -inf * 0 would be NaN.
+    if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
+    if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
+      p[i] = exp2_fma(x);
+    } else {
+      p[i] = ptx::ex2_approx(x);
+    }
+    lsum[r][i & 1] += p[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int c0 = 4 * (4 * k + 2 * h) + 2 * r;  // chunk 4k + 2h, row g + 8r
+        const int c1 = c0 + 4;                       // chunk 4k + 2h + 1
+        pa[4 * k + 2 * h + r] = ptx::pack_e4m3x4(p[c0], p[c0 + 1], p[c1], p[c1 + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

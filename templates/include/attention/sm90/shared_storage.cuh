@@ -1,0 +1,72 @@
+// Shared memory and synchronisation of the Hopper attention kernels: the tile ring that the
+// producer fills with bulk copies and the consumer warpgroups drain, and the named barriers of the
+// consumers' ping-pong.
+#pragma once
+
+#include <stdint.h>
+
+#include "../../ptx/mbarrier.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockRows = 128;  // query rows of an item: two consumer warpgroups x 64
+constexpr int kTileKeys = 128;   // keys of a KV tile (= the FP8 K-scale block and the reference's tile)
+constexpr int kStages = 2;       // K and V tiles in flight
+constexpr int kConsumers = 2;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;  // producer + two consumers
+constexpr uint32_t kTileBytes = kTileKeys * kHeadDim;            // one E4M3 tile: 128 rows x 128 bytes
+
+// Every tile is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 bytes, and
+// both TMA and the wgmma descriptors assume the pattern starts at the tile.
+struct alignas(1024) SharedStorage {
+  uint8_t q[kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
+  uint8_t k[kStages][kTileBytes];    // K tile: row = key, 128 channel bytes
+  uint8_t v[kStages][kTileBytes];    // V^T tile: row = channel, 128 key bytes (FP8 key order)
+  uint64_t q_full, q_empty;
+  uint64_t k_full[kStages], k_empty[kStages];
+  uint64_t v_full[kStages], v_empty[kStages];
+};
+
+// Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.
+constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+
+__device__ __forceinline__ SharedStorage& shared_storage(uint8_t* dynamic_smem) {
+  const uintptr_t p = (reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) & ~uintptr_t{1023};
+  return *reinterpret_cast<SharedStorage*>(p);
+}
+
+// Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
+// arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup.
+__device__ __forceinline__ void init_barriers(SharedStorage& s) {
+  ptx::mbarrier_init(&s.q_full, 1);
+  ptx::mbarrier_init(&s.q_empty, kConsumers);
+  for (int i = 0; i < kStages; ++i) {
+    ptx::mbarrier_init(&s.k_full[i], 1);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers);
+    ptx::mbarrier_init(&s.v_full[i], 1);
+    ptx::mbarrier_init(&s.v_empty[i], kConsumers);
+  }
+  ptx::fence_mbarrier_init();
+}
+
+// Position in the ring: the producer and each consumer count KV tiles the same way.
+struct RingSlot {
+  uint32_t index = 0;  // tiles handled so far
+  __device__ __forceinline__ int stage() const { return static_cast<int>(index % kStages); }
+  __device__ __forceinline__ uint32_t parity() const { return (index / kStages) & 1u; }
+  // The tile before this one (index >= 1).
+  __device__ __forceinline__ int previous_stage() const { return static_cast<int>((index - 1) % kStages); }
+  __device__ __forceinline__ uint32_t previous_parity() const { return ((index - 1) / kStages) & 1u; }
+};
+
+// Named barriers (id 0 is __syncthreads). kTurn + c: consumer c may issue its GEMMs; the other
+// consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
+// the other's tensor-core work.
+enum NamedBarrier : uint32_t { kTurn = 1 };
+constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

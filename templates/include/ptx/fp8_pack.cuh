@@ -1,0 +1,24 @@
+// Packing FP32 values into E4M3 codes, four to a 32-bit register (the A-operand format of the
+// E4M3 MMAs), PTX ISA 9.7.9.21 ("cvt", .e4m3x2 destination), sm_89 and later.
+#pragma once
+
+#include <stdint.h>
+
+namespace flashinfer_h3 {
+namespace ptx {
+
+// cvt.rn.satfinite.e4m3x2.f32 d, a, b: d[15:8] = e4m3(a), d[7:0] = e4m3(b), round to nearest
+// even, saturating to +-448 (never NaN for finite inputs).
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// Four values, x0 in the lowest byte.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  return cvt_e4m3x2(x0, x1) | (cvt_e4m3x2(x2, x3) << 16);
+}
+
+}  // namespace ptx
+}  // namespace flashinfer_h3

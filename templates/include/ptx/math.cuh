@@ -1,0 +1,16 @@
+// Transcendental approximations on the MUFU pipe (PTX ISA 9.7.4, "Floating Point Instructions").
+#pragma once
+
+namespace flashinfer_h3 {
+namespace ptx {
+
+// ex2.approx.ftz.f32 (9.7.4.11): 2^x with max relative error 2^-22.5 or so; -inf -> +0, the
+// value the online softmax needs for masked keys. One MUFU.EX2 instruction.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace ptx
+}  // namespace flashinfer_h3

@@ -1,0 +1,96 @@
+// wgmma: Hopper's asynchronous warpgroup MMA (PTX ISA 9.7.15, "Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate"), sm_90a. Only what the FP8 attention kernel uses:
+// m64n128k32 with E4M3 inputs and FP32 accumulation, A from shared memory (SS) or registers (RS),
+// B always from shared memory, both K-major (the only major order 8-bit types allow).
+//
+// Fragment layouts (9.7.15.5.1; the warpgroup's 128 threads, warp w, lane = 4 g + t):
+//   accumulator d[4i + 2r + e]  = D[16w + g + 8r][8i + 2t + e]          (i = 0..15 for N = 128)
+//   A register a[2h + r], byte u = A[16w + g + 8r][16h + 4t + u]        (k32: h, r in 0..1)
+//
+// Shared-memory operands are described by a 64-bit matrix descriptor (9.7.15.5.1.2): start
+// address, leading and stride byte offsets (all >> 4) and the swizzle mode. Our tiles are rows of
+// 128 bytes (one K-major row of 128 E4M3 values) in the 128-byte swizzle that TMA writes: 8-row
+// groups 1024 bytes apart (stride byte offset), 16-byte chunk c of row r at chunk c ^ (r % 8).
+// The k-th 32-byte slice of such a tile is addressed by adding 32 k to the start address.
+#pragma once
+
+#include <stdint.h>
+
+namespace flashinfer_h3 {
+namespace ptx {
+
+// Matrix descriptor of a K-major tile in the 128-byte swizzle, starting at `smem` (a 1024-byte
+// aligned tile plus a multiple of 32 bytes inside its first row).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
+  const uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  constexpr uint64_t kLeadingByteOffset = 1;          // unused by swizzled K-major layouts
+  constexpr uint64_t kStrideByteOffset = 1024 >> 4;   // 8 rows x 128 bytes
+  constexpr uint64_t kSwizzle128B = 1;
+  return ((addr & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16) | (kStrideByteOffset << 32) | (kSwizzle128B << 62);
+}
+
+// wgmma.fence (9.7.15.7.1): orders this thread's register writes before the wgmma that reads them
+// (accumulators, A fragments). Needed before the first wgmma after registers were touched.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+// wgmma.commit_group (9.7.15.7.2): the wgmmas issued since the last commit form one group.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+// wgmma.wait_group (9.7.15.7.3): wait until at most `kPending` groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// An empty asm that "reads and writes" a register: the compiler may not move accesses to it across
+// this point, nor reuse it, which keeps async wgmma operands alive and untouched until their wait.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// D (+)= A B^T, m64n128k32, E4M3 x E4M3 -> FP32; A and B from shared memory. `accumulate` = 0
+// overwrites D (scale-d false).
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                         uint32_t accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The same with A from registers (four 32-bit registers of four E4M3 codes, layout above).
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                         uint32_t accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+}  // namespace ptx
+}  // namespace flashinfer_h3
