@@ -488,6 +488,8 @@ def _peer_names() -> list[str]:
     names = ["torch SDPA cuDNN bf16", "torch SDPA flash bf16"]
     if benchtools.sageattention_available():
         names.append("SageAttention")
+    if benchtools.cudnn_frontend_available():
+        names.append("cuDNN fp8 (kernel, fp8 out)")
     return names
 
 
@@ -652,6 +654,12 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
         rows.append((label, *benchtools.sdpa_peer(q, k, v, bounds, backend)))
     if benchtools.sageattention_available():
         rows.append(("SageAttention", *benchtools.sageattention_peer(q, k, v, bounds)))
+    if benchtools.cudnn_frontend_available():
+        try:
+            fp8_peer = benchtools.cudnn_fp8_peer(q, k, v, bounds)
+            rows.append(("cuDNN fp8 (kernel, fp8 out)", *fp8_peer))
+        except Exception as exc:  # graph build: an unsupported shape or cuDNN version
+            _print(f"  cuDNN fp8 peer unavailable: {type(exc).__name__}: {str(exc)[:160]}")
     results: list[dict[str, Any]] = []
     for label, fn, to_packed in rows:
         progress[0] += 1

@@ -488,7 +488,8 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     takes the plan's used V columns (``vkey_start[S]``): its V tensor map ends there."""
     quantize, attention = module.quantize_fp8, module.attention_fp8_wgmma
 
-    def derive(plan: Plan, views: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    def derive(plan: Plan, views: tuple[Tensor, ...]
+               ) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
         # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
         return (*tables, *views), (*views[1:], *tables), plan.host.vkey_start[-1]

@@ -79,8 +79,11 @@ def test_single_segment_16384(module: Any) -> None:
     check(module, [16384], 1, seed=16384)
 
 
-@pytest.mark.parametrize("lengths", [[0, 5, 0, 295, 1, 1199, 0], [128, 129, 127, 64, 63, 65, 1, 0, 2],
-                                     [17] * 40, [3000, 0, 0, 77]], ids=lambda x: f"{len(x)}seg")
+PACKED = [[0, 5, 0, 295, 1, 1199, 0], [128, 129, 127, 64, 63, 65, 1, 0, 2], [17] * 40,
+          [3000, 0, 0, 77]]
+
+
+@pytest.mark.parametrize("lengths", PACKED, ids=lambda x: f"{len(x)}seg")
 @pytest.mark.parametrize("heads", [1, 3])
 def test_packed(module: Any, lengths: list[int], heads: int) -> None:
     check(module, lengths, heads, seed=len(lengths) * 10 + heads)
