@@ -36,9 +36,13 @@ q_codes     u8     [H, T, 128]                  E4M3 codes of q (no smoothing)
 q_scales    f32    [H, T]                       per-token scale amax/448
 k_codes     u8     [H, T, 128]                  E4M3 codes of K' = k - kbar
 k_scales    f32    [H, q_blocks_cap]            per 128-key block (same numbering as Q blocks)
-v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded as for NVFP4; keys permuted in 16s
+v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded as for NVFP4, FP8 key order
 v_scales    f32    [S, H, 128]                  per (segment, channel) scale amax/448
 ==========  =====  ===========================  ==============================================
+
+FP8 key order: within each 16-key group (from the segment start) key ``8h + 2q + e`` is stored at
+column ``4q + 2h + e`` (``reference.fp8_v_column``), the order in which an FP8 MMA's accumulator
+holds P, so P packs into the PV product's A operand without shuffles.
 
 Padded V keys: segment ``s`` owns padded key columns ``[vkey_start[s], vkey_start[s+1])`` (see
 ``plan.py``); the columns past its last real key hold code 0 and scale 0 (written by the

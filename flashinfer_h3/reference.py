@@ -508,7 +508,8 @@ def fp8_attention_from_stages(stages: dict[str, torch.Tensor], cu_seqlens: CuSeq
         qval = F.e4m3_to_float(stages["q_codes"][:, a:b]).double()  # [H, L, 128]
         kval = F.e4m3_to_float(stages["k_codes"][:, a:b]).double()
         c0, c1 = plan.vkey_start[s], plan.vkey_start[s + 1]
-        vcodes = stages["v_codes"][:, :, c0:c1][:, :, fp8_v_column(torch.arange(c1 - c0, device=dev))]
+        in_order = fp8_v_column(torch.arange(c1 - c0, device=dev))  # column of each key
+        vcodes = stages["v_codes"][:, :, c0:c1][:, :, in_order]
         vval = F.e4m3_to_float(vcodes).transpose(1, 2).double()  # [H, keys in order, 128]
         g0 = plan.qblock_start[s]
         sv = stages["v_scales"][s].unsqueeze(1)  # [H, 1, 128]
