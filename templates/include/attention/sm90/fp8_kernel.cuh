@@ -137,21 +137,22 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uin
   issue_pv(otmp, pa, sm.v[stage]);
 }
 
-// After the PV wgmma completed: release its V tile, O = alpha O + Otmp.
+// After the PV wgmma completed: release its V tile, O = alpha O + Otmp (alpha: the rescale of
+// the tile that PV multiplied).
 __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
-                                          const Fp8RowState& st, SharedStorage& sm, int stage) {
+                                          const float (&alpha)[2], SharedStorage& sm, int stage) {
   fence_all(otmp);
   fence_all(pa);
   if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], st.alpha[(i >> 1) & 1], otmp[i]);
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
 }
 
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax step that makes P of tile t.
 template <int kPolyExp2Every>
 __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, SharedStorage& sm,
-                                          RingSlot& slot, const WorkItem& it, int t, int tiles, const float* ks,
+                                          RingSlot& slot, const WorkItem& it, int t, int tiles, float sk,
                                           float c, int quad_col) {
   fence_all(s);
   if (signals_for_warpgroup()) {
@@ -159,13 +160,32 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
     if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
   }
   const int valid = it.seg_len - t * kTileKeys;
-  const float sk = __ldg(ks + t);
   if (valid < kTileKeys) {
     fp8_softmax_tile<true, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
   } else {
     fp8_softmax_tile<false, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
   }
   ++slot.index;
+}
+
+// The overlapped schedule's softmax half: release tile t's K (and the Q block after the last
+// tile) and turn S into Ptil in place while the previous tile's PV still runs; returns nothing,
+// P is packed after that PV completed (its A registers are still being read until then).
+template <int kPolyExp2Every>
+__device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, SharedStorage& sm,
+                                                    const RingSlot& slot, const WorkItem& it, int t, int tiles,
+                                                    float sk, float c, int quad_col) {
+  fence_all(s);
+  if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+  }
+  const int valid = it.seg_len - t * kTileKeys;
+  if (valid < kTileKeys) {
+    fp8_softmax_exp<true, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
+  } else {
+    fp8_softmax_exp<false, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
+  }
 }
 
 // out = bf16(fp32(O * sv) / l) for the thread's two rows, if they are rows of the block.
@@ -189,13 +209,17 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
   }
 }
 
-// Consumer schedules (kSchedule):
-//   kFusedPhases  one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back; Otmp and S
-//                 are both live then, so O, S, Otmp and P hold 208 of the 240 registers;
-//   kSplitPhases  QK^T(t) and PV(t) in phases of their own, each waited for at once; PV's fresh
-//                 accumulator reuses S's registers (S is dead once P is packed), which leaves the
-//                 softmax ~96 registers for instruction-level parallelism instead of ~30.
-enum Schedule : int { kFusedPhases = 0, kSplitPhases = 1 };
+// Consumer schedules (kSchedule; benchmarks/RESULTS.md has their measurements):
+//   kFusedPhases  (default) one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back
+//                 and waits for both before the softmax of tile t; O, S, Otmp and P hold 208 of
+//                 the 240 registers;
+//   kOverlapped   QK^T(t) is issued first and waited for alone, so the exponentials of tile t run
+//                 while PV(t - 1) is still on the tensor cores (P(t) stays in S's registers until
+//                 that PV has read P(t - 1), then is packed). FA3's intra-warpgroup overlap; today
+//                 it spills (116 bytes) and measures 5-9 % slower than kFusedPhases.
+// (A third schedule, QK^T and PV in phases of their own with PV's accumulator in S's registers,
+// freed 64 registers but measured 8-10 % slower: every GEMM waited for at once.)
+enum Schedule : int { kFusedPhases = 0, kOverlapped = 2 };
 
 template <int kPolyExp2Every, int kSchedule, int consumer>
 __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
@@ -229,38 +253,27 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
-    if constexpr (kSchedule == kSplitPhases) {
-      for (int t = 0; t < tiles; ++t) {
-        gemm_phase_begin(my_turn);
-        issue_qk_when_ready(s, q_rows, sm, slot);
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-        ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, ks, p.c, quad_col);
-        const int pv_stage = slot.previous_stage();
-        gemm_phase_begin(my_turn);
-        issue_pv_when_ready(s, pa, sm, slot);  // s now holds Otmp
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-        ptx::wgmma_wait<0>();
-        finish_pv(o, s, pa, st, sm, pv_stage);
-      }
-    } else {
-      // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
-      // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
+    if constexpr (kSchedule == kOverlapped) {
+      const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
       gemm_phase_begin(my_turn);
       issue_qk_when_ready(s, q_rows, sm, slot);
       ptx::named_barrier_arrive(other_turn, kPingPongThreads);
       ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, ks, p.c, quad_col);
+      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
       for (int t = 1; t < tiles; ++t) {
         const int pv_stage = slot.previous_stage();
+        const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
         gemm_phase_begin(my_turn);
-        issue_pv_when_ready(otmp, pa, sm, slot);
         issue_qk_when_ready(s, q_rows, sm, slot);
+        issue_pv_when_ready(otmp, pa, sm, slot);
         ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-        ptx::wgmma_wait<1>();
-        finish_pv(o, otmp, pa, st, sm, pv_stage);
+        const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
+        ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
+        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
         ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, ks, p.c, quad_col);
+        finish_pv(o, otmp, pa, alpha_prev, sm, pv_stage);
+        pack_p(s, pa);
+        ++slot.index;
       }
       {
         const int pv_stage = slot.previous_stage();
@@ -268,7 +281,36 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
         issue_pv_when_ready(otmp, pa, sm, slot);
         ptx::named_barrier_arrive(other_turn, kPingPongThreads);
         ptx::wgmma_wait<0>();
-        finish_pv(o, otmp, pa, st, sm, pv_stage);
+        finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
+      }
+    } else {
+      // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
+      // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
+      const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
+      gemm_phase_begin(my_turn);
+      issue_qk_when_ready(s, q_rows, sm, slot);
+      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      ptx::wgmma_wait<0>();
+      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
+      for (int t = 1; t < tiles; ++t) {
+        const int pv_stage = slot.previous_stage();
+        const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
+        gemm_phase_begin(my_turn);
+        issue_pv_when_ready(otmp, pa, sm, slot);
+        issue_qk_when_ready(s, q_rows, sm, slot);
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<1>();
+        finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
+        ptx::wgmma_wait<0>();
+        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
+      }
+      {
+        const int pv_stage = slot.previous_stage();
+        gemm_phase_begin(my_turn);
+        issue_pv_when_ready(otmp, pa, sm, slot);
+        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        ptx::wgmma_wait<0>();
+        finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
       }
     }
     // The item's head, segment and row range again (L1-resident table reads): keeping them live

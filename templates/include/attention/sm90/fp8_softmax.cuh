@@ -64,13 +64,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// One tile: s = raw dot products (accumulator layout), `valid` = keys of the tile inside the
-// segment (< 128 only on a segment's last tile: columns >= valid are masked), sk = the tile's K
-// scale, c = softmax_scale * log2(e). Writes the P operand `pa` and updates `st`. Every
-// kPolyExp2Every-th exponential (0: none) runs on the FMA pipe (exp2_fma).
+// One tile, first half: s = raw dot products (accumulator layout) in, Ptil out (in place);
+// `valid` = keys of the tile inside the segment (< 128 only on a segment's last tile: columns
+// >= valid are masked), sk = the tile's K scale, c = softmax_scale * log2(e); updates `st`
+// (st.alpha is now this tile's rescale). Every kPolyExp2Every-th exponential (0: none) runs on
+// the FMA pipe (exp2_fma).
 template <bool kMasked, int kPolyExp2Every>
-__device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, int valid,
-                                                 float sk, float c, int quad_col) {
+__device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st, int valid, float sk, float c,
+                                                int quad_col) {
   // Row maxima and sums in two independent partials each (halves the dependent FMNMX / FADD
   // chains; four partials measured no faster and cost registers).
   float mx[2][2];
@@ -102,7 +103,6 @@ __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[
     scale[r] = qk * c;
     bias[r] = m_new * c - kLog2FP8PScale;
   }
-  float p[64];
   float lsum[2][2] = {};
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -111,16 +111,20 @@ __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[
     // A masked key has s = -inf; with a zero Q scale (an all-zero row) -inf * 0 would be NaN.
     if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
     if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
-      p[i] = exp2_fma(x);
+      s[i] = exp2_fma(x);
     } else {
-      p[i] = ptx::ex2_approx(x);
+      s[i] = ptx::ex2_approx(x);
     }
-    lsum[r][i & 1] += p[i];
+    lsum[r][i & 1] += s[i];
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
   }
+}
+
+// Second half: Ptil (in the accumulator layout) -> the E4M3 A operand of the PV wgmma.
+__device__ __forceinline__ void pack_p(const float (&p)[64], uint32_t (&pa)[16]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
 #pragma unroll
@@ -133,6 +137,13 @@ __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[
       }
     }
   }
+}
+
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, int valid,
+                                                 float sk, float c, int quad_col) {
+  fp8_softmax_exp<kMasked, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
+  pack_p(s, pa);
 }
 
 }  // namespace sm90
