@@ -438,7 +438,7 @@ def test_fake_quantize_matches_quantize_then_dequantize():
 
 
 # ---------------------------------------------------------------------------------------------
-# The CUDA twin (templates/include/formats.cuh), on a GPU
+# The CUDA twin (templates/include/numerics/formats.cuh), on a GPU
 # ---------------------------------------------------------------------------------------------
 
 PROBE_CU = r"""
@@ -450,7 +450,7 @@ PROBE_CU = r"""
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
-#include "formats.cuh"
+#include "numerics/formats.cuh"
 
 namespace {
 namespace fh = flashinfer_h3;

@@ -69,7 +69,7 @@ def test_module_loads_on_cpu_and_cpp_checks_raise(arch: str) -> None:
     # into a Python ValueError carrying its message.
     mod = load_so(build_module(KernelConfig("utils", arch=arch)))
     info = mod.build_info()
-    assert f"arch={arch}" in info and "op=utils" in info
+    assert f"arch={arch}" in info and "module=utils" in info
     with pytest.raises(ValueError, match="fill_u8: t must be a CUDA tensor"):
         mod.fill_u8(torch.zeros(8, dtype=torch.uint8), 1)
     with pytest.raises(TypeError):

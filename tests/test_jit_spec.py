@@ -94,7 +94,7 @@ def test_uri_changes_with_any_header(tmp_path: Path) -> None:
     cfg = KernelConfig("utils")
     base = _uri(cfg, tdir)
     # A header the module does not even include still counts: the hash is over all of them.
-    header = tdir / "include" / "formats.cuh"
+    header = tdir / "include" / "numerics" / "formats.cuh"
     header.write_text(header.read_text() + "\n")
     edited = _uri(cfg, tdir)
     assert edited != base

@@ -1,4 +1,5 @@
-"""GPU test of the block-scaled FP4 MMA layer (mma_sm120.cuh native / mma_sm90_emulated.cuh).
+"""GPU test of the block-scaled FP4 MMA layer (attention/mma_sync/mma_fp4_sm120.cuh native,
+mma_fp4_sm90_emulated.cuh on Hopper).
 
 The test-only module ``nvfp4_mma_probe`` (templates/mma_probe_nvfp4.cu.jinja, never part of
 the production nvfp4 .so) exports ``mma_nvfp4_probe``, which runs one m16n8k64 product per warp for every

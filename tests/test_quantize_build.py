@@ -68,8 +68,8 @@ def build_quantize_so(
     flags = [*cuda_flags(arch), *link_flags(), *[f"-I{d}" for d in includes]]
     digest = hashlib.sha256("\0".join([str(nvcc), source, *flags]).encode())
     for d in includes[: len(include_dirs) + 1]:
-        for header in sorted(Path(d).glob("*.cuh")):
-            digest.update(header.name.encode() + header.read_bytes())
+        for header in sorted(Path(d).rglob("*.cuh")):
+            digest.update(header.relative_to(d).as_posix().encode() + header.read_bytes())
     stem = f"quantize_{op}_{arch}_{digest.hexdigest()[:16]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     src, so, log_path = (out_dir / f"{stem}{ext}" for ext in (".cu", ".so", ".log"))
@@ -304,7 +304,7 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   return out;
 }
 
-#include "quantize.cuh"
+#include "quantize/prepass.cuh"
 
 namespace flashinfer_h3 {
 namespace quantize {

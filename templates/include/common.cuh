@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <type_traits>
+#include <utility>
 
 namespace flashinfer_h3 {
 
@@ -41,5 +42,16 @@ inline cudaError_t sm_count(int device, int* out) {
 // kernel image (a .so built for another arch) is reported here, not at the next synchronisation,
 // so every binding calls this right after each launch.
 inline cudaError_t last_launch_status() { return cudaGetLastError(); }
+
+template <class F, int... Is>
+__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, Is...>) {
+  (f(std::integral_constant<int, Is>{}), ...);
+}
+
+// f(integral_constant<int, i>) for i = 0..N-1: MMA selectors must be compile-time immediates.
+template <int N, class F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
 
 }  // namespace flashinfer_h3

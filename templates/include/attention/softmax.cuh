@@ -11,7 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "formats.cuh"
+#include "numerics/formats.cuh"
+#include "ptx/prmt.cuh"
 
 namespace flashinfer_h3 {
 namespace softmax {
@@ -153,8 +154,8 @@ __device__ __forceinline__ uint32_t gather_pv_scale_a(uint32_t chunk0_scales,
   const uint32_t even_groups = __shfl_sync(kFullWarp, offer, quad_base + chunk);      // j = 0, 2
   const uint32_t odd_groups = __shfl_sync(kFullWarp, offer, quad_base + 2 + chunk);   // j = 1, 3
   // Row g (t even): bytes 0 (h=0) and 1 (h=1) of each; row g+8: bytes 2 and 3.
-  // PTX ISA 9.0 §9.7.8.7 (prmt): result byte k takes source byte sel[k] of {odd:even}.
-  return __byte_perm(even_groups, odd_groups, (t & 1) ? 0x7362u : 0x5140u);
+  // prmt (ptx/prmt.cuh): result byte k takes source byte sel[k] of {odd:even}.
+  return ptx::prmt(even_groups, odd_groups, (t & 1) ? 0x7362u : 0x5140u);
 }
 
 }  // namespace softmax

@@ -10,6 +10,7 @@
 //   check_tensor(t, name, dtype, ndim, device)  CUDA, on `device` (when not null), dtype, rank,
 //                                               contiguous
 //   check_shape(t, name, {dims})                the exact shape (rank included)
+//   check_cuda_contiguous(t, name)              CUDA and contiguous, any dtype and rank
 //   check_aligned(t, name, bytes)               the data pointer is a multiple of `bytes`
 //   data<T>(t)                                  the typed data pointer (byte_offset applied)
 //   stream_of(t)                                torch's current stream on t's device
@@ -85,6 +86,13 @@ inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype
       << name << " must be " << dtype_name(dtype) << ", got " << dtype_name(t.dtype());
   TVM_FFI_CHECK(t.ndim() == ndim, ValueError)
       << name << " must have " << ndim << " dimensions, got shape " << shape_str(t);
+  TVM_FFI_CHECK(t.IsContiguous(), ValueError) << name << " must be contiguous";
+}
+
+// A contiguous CUDA tensor of any dtype and rank (byte-level helpers such as fill_u8).
+inline void check_cuda_contiguous(const TensorView& t, const char* name) {
+  TVM_FFI_CHECK(t.device().device_type == kDLCUDA, ValueError)
+      << name << " must be a CUDA tensor, got " << device_str(t.device());
   TVM_FFI_CHECK(t.IsContiguous(), ValueError) << name << " must be contiguous";
 }
 

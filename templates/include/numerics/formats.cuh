@@ -7,11 +7,16 @@
 //
 // Arch split: E2M1 cvt exists only on sm_100a/sm_120a-class targets (PTX ISA 9.0 §9.7.9.21,
 // "cvt"); Hopper gets an exact software encoder. E4M3 cvt exists from sm_89 on, so both archs use
-// it for the UE4M3 scales.
+// it for the UE4M3 scales. The instructions themselves are wrapped in ptx/cvt.cuh.
+//
+// One E2M1 decode: e2m1x2_f16_bits (two codes -> f16x2 bits of value * 2^-14) is what every
+// decoder here and in the emulated MMA layer builds on.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "ptx/cvt.cuh"
 
 #if defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1200 && \
     __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
@@ -29,13 +34,9 @@ constexpr float kE4M3Max = 448.0f;
 // E4M3 (with sign) and UE4M3 (sign bit 0)
 // ---------------------------------------------------------------------------------------------
 
-// Two floats -> two E4M3 bytes, RN-even, subnormals kept, |x| > 448 saturated to +-448.
-// PTX ISA 9.0 §9.7.9.21 (cvt): `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a in the upper byte.
-__device__ __forceinline__ uint16_t cvt_e4m3x2_rn_satfinite(float lo, float hi) {
-  uint16_t packed;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
-  return packed;
-}
+// Two floats -> two E4M3 bytes, RN-even, subnormals kept, |x| > 448 saturated to +-448
+// (`lo` in the low byte).
+using ptx::cvt_e4m3x2_rn_satfinite;
 
 __device__ __forceinline__ uint8_t e4m3_from_float(float x) {
   return static_cast<uint8_t>(cvt_e4m3x2_rn_satfinite(x, 0.0f) & 0xFF);
@@ -77,14 +78,7 @@ __device__ __forceinline__ uint32_t e2m1_from_float_soft(float x) {
 // Two floats -> one byte, `lo` in the low nibble.
 __device__ __forceinline__ uint32_t e2m1x2_from_float(float lo, float hi) {
 #if FLASHINFER_H3_NATIVE_FP4
-  // PTX ISA 9.0 §9.7.9.21 (cvt): `cvt.rn.satfinite.e2m1x2.f32 d, a, b`, a -> upper nibble.
-  uint32_t out;
-  asm("{\n\t.reg .b8 packed;\n\t"
-      "cvt.rn.satfinite.e2m1x2.f32 packed, %1, %2;\n\t"
-      "cvt.u32.u8 %0, packed;\n\t}"
-      : "=r"(out)
-      : "f"(hi), "f"(lo));
-  return out;
+  return ptx::cvt_e2m1x2_rn_satfinite(lo, hi);
 #else
   return e2m1_from_float_soft(lo) | (e2m1_from_float_soft(hi) << 4);
 #endif
@@ -96,9 +90,19 @@ __device__ __forceinline__ uint32_t e2m1x8_from_float(const float (&x)[8]) {
          e2m1x2_from_float(x[4], x[5]) << 16 | e2m1x2_from_float(x[6], x[7]) << 24;
 }
 
-// Two E2M1 codes (one byte) -> half2 (low nibble -> .x), exact.
-// The three magnitude bits placed at f16 bits [11:9] give value * 2^-14 (E2M1 and f16 share the
-// subnormal/normal split), so one multiply by 2^14 restores it exactly.
+// The E2M1 decode. `w` holds two codes, in bits [3:0] and [19:16] (other bits are ignored);
+// returns the f16x2 bits of their values times 2^-14, the first code in the low half. The code's
+// sign goes to bit 15 and its three magnitude bits to bits [11:9]: E2M1's exponent then sits in
+// the f16 exponent field and its mantissa bit in the top mantissa bit, and E2M1's subnormal (0.5)
+// lands on the f16 subnormal, so every code maps to value * 2^-14 exactly; one multiply by 2^14
+// (exact) restores the value.
+__device__ __forceinline__ uint32_t e2m1x2_f16_bits(uint32_t w) {
+  return ((w & 0x00080008u) << 12) | ((w & 0x00070007u) << 9);
+}
+
+// Two E2M1 codes (one byte) -> half2 (low nibble -> .x), exact. The mapping of e2m1x2_f16_bits,
+// written per nibble: e2m1x2_f16_bits(lo | hi << 16) is the same value, but this spelling is the
+// one the NVFP4 kernel's tested SASS was compiled from (the other schedules differently).
 __device__ __forceinline__ __half2 e2m1x2_to_half2(uint32_t byte) {
   const uint32_t lo = byte & 0xF, hi = (byte >> 4) & 0xF;
   const uint32_t bits = ((lo & 7u) << 9) | ((lo & 8u) << 12) | ((hi & 7u) << 25) | ((hi & 8u) << 28);
@@ -106,10 +110,9 @@ __device__ __forceinline__ __half2 e2m1x2_to_half2(uint32_t byte) {
   return __hmul2(h, __half2half2(__ushort_as_half(0x7400)));  // 0x7400 = 2^14
 }
 
+// One E2M1 code (bits [3:0]) -> float, exact (through the same decode).
 __device__ __forceinline__ float e2m1_to_float(uint32_t code) {
-  const float mag_table[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  const float m = mag_table[code & 7];
-  return (code & 8) ? -m : m;
+  return __low2float(e2m1x2_to_half2(code & 0xFu));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -55,20 +55,23 @@
 // __frcp_rn and __fmul_rn, and the NVFP4 group quantizer is nvfp4_group below, whose shortcuts
 // tests/test_quantize_build.py checks for every float (and the whole group against formats.py).
 //
-// Host builds. The kernels only use CUDA builtins, the cp.async helpers below and formats.cuh,
-// and everything architecture-specific sits behind __CUDA_ARCH__ / __CUDACC__, so the CPU test
-// (tests/test_quantize_build.py) compiles this header with a host C++ compiler, one std::thread
+// Files: this one holds the device code; the group quantizers are numerics/group_quantize.cuh,
+// the host launcher quantize/launch.cuh.
+//
+// Host builds. The kernels only use CUDA builtins, numerics/ and the device/host seam of
+// quantize/host_hooks.cuh (cp.async, dynamic shared memory, the E4M3 cvt), so the CPU test
+// (tests/ quantize build tests) compiles this header with a host C++ compiler, one std::thread
 // per CUDA thread, and checks the launches against flashinfer_h3.reference on machines without
-// a GPU. The emulated_* functions declared below are what such a build provides.
+// a GPU; the emulated_* functions of host_hooks.cuh are what such a build provides.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
-
 #include "common.cuh"
-#include "formats.cuh"
+#include "numerics/formats.cuh"
+#include "numerics/group_quantize.cuh"
+#include "quantize/host_hooks.cuh"
 
 namespace flashinfer_h3 {
 namespace quantize {
@@ -77,7 +80,6 @@ enum class Op { kNvfp4, kFp8 };
 
 constexpr int kHeadDim = 128;
 constexpr int kBlockRows = 128;       // rows per Q block == keys per FP8 K-scale block (layout.Q_BLOCK)
-constexpr int kGroup = 16;            // NVFP4 group (layout.GROUP)
 constexpr int kVKeyPad = 64;          // padded V columns per segment come in these (layout.V_KEY_PAD)
 constexpr int kThreads = 256;         // launches 1 and 3
 constexpr int kWarps = kThreads / kWarpSize;            // 8
@@ -90,17 +92,6 @@ constexpr float kFp8Max = kE4M3Max;
 
 static_assert(kThreads % kChanGroups == 0 && kBlockRows % kRowSlices == 0, "row tile split");
 static_assert(kBlockRows == 2 * kVKeyPad, "a block covers one or two 64-key V chunks");
-
-#ifndef __CUDA_ARCH__
-// Supplied by host builds of this header (the CPU emulation test); never defined or called in
-// a CUDA build, whose device code uses the instructions instead.
-void emulated_cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes);
-void emulated_cp_async_4(void* smem_dst, const void* gmem_src);
-void emulated_cp_async_commit();
-void emulated_cp_async_wait(int pending);
-void* emulated_dynamic_smem();
-uint32_t emulated_e4m3(float x);  // cvt.rn.satfinite.e4m3 of one float
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Arguments (plain pointers; the binding checks shapes, dtypes and devices)
@@ -170,157 +161,6 @@ __device__ __forceinline__ QBlock load_qblock(const int* qblocks, int i) {
 // bf16 -> f32 is exact: the bf16 bits are the upper half of the f32.
 __device__ __forceinline__ float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
-
-// ---------------------------------------------------------------------------------------------
-// Group quantizers (bit-exact; formats.cuh / formats.py are the references)
-// ---------------------------------------------------------------------------------------------
-
-// cvt.rn.satfinite.e4m3x2.f32 as a 32-bit word: `lo` in bits [7:0], `hi` in bits [15:8].
-__device__ __forceinline__ uint32_t e4m3x2_word(float lo, float hi) {
-#ifdef __CUDA_ARCH__
-  return cvt_e4m3x2_rn_satfinite(lo, hi);
-#else
-  return emulated_e4m3(lo) | emulated_e4m3(hi) << 8;
-#endif
-}
-
-// fl(a / 6) for finite a >= 0 (SPEC 3: s = rn_e4m3(amax / 6), the quotient rounded to FP32
-// first). Three FMA-pipe ops instead of __fdiv_rn's ~10 and its slow-path branch: q0 = a fl(1/6)
-// is within an ulp of a / 6, so the remainder a - 6 q0 is exact in one FMA and one correction
-// step rounds correctly. The CPU test checks every finite float: equal to fl(a / 6) whenever that
-// is normal; a subnormal quotient may be an ulp off, but its E4M3 code is 0 either way.
-__device__ __forceinline__ float div6_rn(float a) {
-  constexpr float kSixth = 1.0f / 6.0f;
-  const float q0 = __fmul_rn(a, kSixth);
-  const float rem = __fmaf_rn(-kE2M1Max, q0, a);
-  return __fmaf_rn(rem, kSixth, q0);
-}
-
-// The NVFP4 element encoder of Hopper (no E2M1 cvt there), written for the FP32 pipe: the
-// integer encoder of formats.cuh costs ~10 ALU-pipe ops an element, and ALU issue is what
-// bounded this kernel.
-//
-// With a = |x r|, the E2M1 index is a sum of three clamped, rounded pieces,
-//     rn(2 min(a, 2)) + rn(clamp(a - 2, 0, 2)) + rn(clamp(a / 2 - 2, 0, 1)),
-// rn = round to an integer, ties to even: the grid step is 0.5 on [0, 2], 1 on [2, 4] and 2 on
-// [4, 6] (and everything past 6 saturates to 7). a lies in one piece's range, the others being
-// at their integer bounds, and the even codes are the even integers of every piece, so RN-even
-// of the piece is RN-even of the code. Each clamp is one FMUL/FFMA with .SAT (exact: a / 2 and
-// a / 2 - 1 or - 2 are exact where they are not clamped), and the pieces are rounded into
-// M = 1.5 * 2^23 (where the FP32 step is 1) by a chain of FFMAs: fl(piece + M + partial) rounds
-// exactly as the piece since M + partial is even wherever the piece is not an integer. The
-// result is M + index.
-//
-// The sign and the packing use the product y' = x (r 2^-110) instead of x r. Scaling by a power
-// of two is exact unless y' is subnormal, i.e. |x r| < 2^-16, where the index is 0 either way and
-// y' still carries x's sign (so -0.0 and tiny negatives give code 8, as cvt and formats.py do).
-// For |x r| < 2^15 the biased exponent of y' is below 32, so bits 30..28 of y' are zero and
-// (M + index) 2^28 + bits(y') has sign << 3 | index in its top nibble (M's low nibble is 0); a
-// funnel shift then appends that nibble to the word. Per element: FMUL, FMUL.SAT, 2 FFMA.SAT,
-// 2 FFMA, FADD on the FP32 pipe, IMAD (or LEA) and SHF. Callers guarantee |x r| < 2^15
-// (kFastProductLimit below).
-constexpr float kLineMagic = 12582912.0f;  // 1.5 * 2^23
-constexpr float kRecipScale = 0x1p-110f;   // r' = r * 2^-110 (normal for every UE4M3 r)
-constexpr float kFastProductLimit = 0x1p-95f;  // |x r'| < 2^-95  <=>  |x r| < 2^15
-
-__device__ __forceinline__ uint32_t e2m1_top_nibble(float yp) {
-  const float a = fabsf(yp);                                    // |x r| 2^-110
-  const float lo = __saturatef(__fmul_rn(a, 0x1p109f));         // min(a/2, 1) of |x r|
-  const float mid = __saturatef(__fmaf_rn(a, 0x1p109f, -1.0f));  // clamp(|x r|/2 - 1, 0, 1)
-  const float hi = __saturatef(__fmaf_rn(a, 0x1p109f, -2.0f));   // clamp(|x r|/2 - 2, 0, 1)
-  float t = __fmaf_rn(lo, 4.0f, kLineMagic);
-  t = __fmaf_rn(mid, 2.0f, t);
-  t = __fadd_rn(hi, t);
-  return __float_as_uint(t) * (1u << 28) + __float_as_uint(yp);
-}
-
-// Eight elements -> one word of codes, element 0 in bits [3:0] (the MMA fragment order).
-__device__ __forceinline__ uint32_t e2m1x8_scaled(const float* x, float r_scaled) {
-  uint32_t word = 0;
-#pragma unroll
-  for (int e = 7; e >= 0; --e) word = __funnelshift_l(e2m1_top_nibble(__fmul_rn(x[e], r_scaled)), word, 4);
-  return word;
-}
-
-struct Nvfp4Group {
-  uint2 codes;    // 16 E2M1 codes, element 0 in bits [3:0] of .x
-  uint32_t scale; // UE4M3 byte
-};
-
-// r 2^-110 of UE4M3 code b (r = the correctly rounded 1 / value), 0 for the zero code: the
-// per-CTA table the group quantizer reads instead of decoding the scale and dividing.
-__device__ __forceinline__ float nvfp4_recip_scaled(uint32_t b) {
-  const float s = e4m3_to_float(static_cast<uint8_t>(b));
-  return b == 0 || b >= 0x7F ? 0.0f : __fmul_rn(__frcp_rn(s), kRecipScale);
-}
-
-// The 16 codes of x r through formats.cuh's encoder (the hardware cvt on sm_120a), r = the
-// correctly rounded 1 / s recovered exactly from the table entry r 2^-110.
-__device__ __forceinline__ uint2 nvfp4_codes_exact(const float (&x)[kGroup], float recip_scaled) {
-  const float r = __fmul_rn(recip_scaled, 0x1p110f);
-  float lo[8], hi[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    lo[e] = __fmul_rn(x[e], r);
-    hi[e] = __fmul_rn(x[8 + e], r);
-  }
-  return make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
-}
-
-// SPEC 3 "quantize a group": s = rn_e4m3(amax / 6); s == 0 -> all codes 0; else rn_e2m1(x * 1/s).
-// `recip_scaled` is the table of nvfp4_recip_scaled (shared memory).
-__device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], const float* recip_scaled) {
-  // A 4-level tree: the scale, and so every encode of the group, waits on this chain.
-  float m8[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) m8[e] = fmaxf(fabsf(x[e]), fabsf(x[e + 8]));
-#pragma unroll
-  for (int e = 0; e < 4; ++e) m8[e] = fmaxf(m8[e], m8[e + 4]);
-  float amax = fmaxf(fmaxf(m8[0], m8[2]), fmaxf(m8[1], m8[3]));
-  // An infinite amax (x - mean overflowed) would make div6_rn NaN; FLT_MAX has the same scale
-  // code (448, saturated) and the elements then take the general path below.
-  amax = fminf(amax, 3.40282347e38f);
-  Nvfp4Group g;
-  g.scale = e4m3x2_word(div6_rn(amax), 0.0f);
-  const float rs = recip_scaled[g.scale];
-#if FLASHINFER_H3_NATIVE_FP4
-  g.codes = nvfp4_codes_exact(x, rs);
-#else
-  // Right whenever every |x r| < 2^15; fl(amax r') bounds every |x r'| (monotone) and tells.
-  g.codes = make_uint2(e2m1x8_scaled(x, rs), e2m1x8_scaled(x + 8, rs));
-  if (!(__fmul_rn(amax, rs) < kFastProductLimit)) {
-    // An unsaturated scale keeps amax / s below 9 (6 times the rounding ratio of the coarsest
-    // subnormal scale), so only a scale saturated at 448 with amax >= 448 * 2^15 (or an
-    // overflowed x - mean) gets here: formats.cuh's general encoder, off the straight-line path.
-    g.codes = nvfp4_codes_exact(x, rs);
-  }
-#endif
-  // A zero scale maps the group to +0 (SPEC 3), whatever the signs of x.
-  if (g.scale == 0) g.codes = make_uint2(0, 0);
-  return g;
-}
-
-// SPEC 4: codes rn_e4m3(x * (1/s)), all 0 when s == 0 (then 1/s would be inf and 0*inf NaN).
-struct Fp8Scale {
-  float recip;    // 1 / s, correctly rounded (0 when s == 0)
-  uint32_t keep;  // all ones, or 0 when s == 0
-};
-
-__device__ __forceinline__ Fp8Scale fp8_scale(float s) {
-  return s == 0.0f ? Fp8Scale{0.0f, 0u} : Fp8Scale{__frcp_rn(s), ~0u};
-}
-
-// Four elements -> one little-endian word, element 0 in the low byte.
-__device__ __forceinline__ uint32_t fp8_codes4(float x0, float x1, float x2, float x3, const Fp8Scale& s) {
-  const uint32_t lo = e4m3x2_word(__fmul_rn(x0, s.recip), __fmul_rn(x1, s.recip));
-  const uint32_t hi = e4m3x2_word(__fmul_rn(x2, s.recip), __fmul_rn(x3, s.recip));
-  return (lo | hi << 16) & s.keep;
-}
-
-__device__ __forceinline__ uint4 fp8_codes16(const float (&x)[kGroup], const Fp8Scale& s) {
-  return make_uint4(fp8_codes4(x[0], x[1], x[2], x[3], s), fp8_codes4(x[4], x[5], x[6], x[7], s),
-                    fp8_codes4(x[8], x[9], x[10], x[11], s), fp8_codes4(x[12], x[13], x[14], x[15], s));
-}
 
 // ---------------------------------------------------------------------------------------------
 // Where launch 1 parks the block statistics (see the file comment)
@@ -540,57 +380,6 @@ constexpr size_t pipe_smem_bytes() {
   return sizeof(PipeSmem<kStages>);
 }
 static_assert(sizeof(Stage) == 33408, "a 32 KB tile, its aux row and descriptor, rounded to 128 bytes");
-
-// PTX ISA 9.0 §9.7.9.25.3 (non-bulk cp.async): copy 16 bytes global -> shared through L2 only
-// (.cg); the cp-size - src-size trailing bytes are zero-filled, so src_bytes = 0 writes 16 zero
-// bytes. Completion is tracked per thread by commit/wait groups below.
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes) {
-#ifdef __CUDA_ARCH__
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
-               : "memory");
-#else
-  emulated_cp_async_16(smem_dst, gmem_src, src_bytes);
-#endif
-}
-
-// PTX ISA 9.0 §9.7.9.25.3: the 4-byte form (through L1, .ca; the only sizes .cg takes are 16).
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src) {
-#ifdef __CUDA_ARCH__
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-#else
-  emulated_cp_async_4(smem_dst, gmem_src);
-#endif
-}
-
-// cp.async.commit_group: closes the group of this thread's cp.async issued since the last commit.
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#else
-  emulated_cp_async_commit();
-#endif
-}
-
-// cp.async.wait_group N: waits until at most N of this thread's committed groups are pending.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#ifdef __CUDA_ARCH__
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#else
-  emulated_cp_async_wait(kPending);
-#endif
-}
-
-__device__ __forceinline__ void* dynamic_smem() {
-#ifdef __CUDA_ARCH__
-  extern __shared__ __align__(128) uint4 dynamic_smem_words[];
-  return dynamic_smem_words;
-#else
-  return emulated_dynamic_smem();
-#endif
-}
 
 // The q block (row of the schedule-order table) of an item: launch 1 walks the table backwards
 // and launch 3 forwards, so that launch 3's first tiles are the k (and v) rows launch 1 read
@@ -1012,75 +801,6 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Host launcher
-// ---------------------------------------------------------------------------------------------
-
-#ifdef __CUDACC__
-// CTAs of a persistent tile launch on the current device: all that fit at once. The dynamic
-// shared memory opt-in and the occupancy query run once per device, op, pass and stage count.
-template <Op op, Pass pass, int kStages>
-cudaError_t quantize_kernel_ctas(int* ctas) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const int known = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (known > 0) {
-    *ctas = known;
-    return cudaSuccess;
-  }
-  const auto kernel = quantize_kernel<op, pass, kStages>;
-  constexpr size_t kSmem = pipe_smem_bytes<kStages>();
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-      e != cudaSuccess)
-    return e;
-  int per_sm = 0, sms = 0;
-  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem);
-      e != cudaSuccess)
-    return e;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the ring does not fit this GPU's SMs
-  if (const cudaError_t e = sm_count(device, &sms); e != cudaSuccess) return e;
-  *ctas = per_sm * sms;
-  if (device < kMaxDevices) cached[device].store(*ctas, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
-template <Op op, Pass pass, int kStages>
-cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
-  int ctas = 0;
-  if (const cudaError_t e = quantize_kernel_ctas<op, pass, kStages>(&ctas); e != cudaSuccess) return e;
-  const ItemMap map = make_item_map<op, pass>(tb, in.heads);
-  const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
-  quantize_kernel<op, pass, kStages><<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
-  return last_launch_status();
-}
-
-// Runs the three launches on `stream`. Zero-size grids are skipped (tokens == 0 launches only
-// launch 2, which writes kbar = 0 for every segment). Returns the first launch error.
-// kStages: the ring depth of the tile launches (the binding picks it per architecture: its
-// shared memory, pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
-// The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
-// FastDiv) stays below 2^31.
-template <Op op, int kStages>
-cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
-  const bool tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads > 0;
-  if (tiles) {
-    if (const cudaError_t e = launch_tiles<op, Pass::kQAndStats, kStages>(in, tb, out, stream); e != cudaSuccess)
-      return e;
-  }
-  const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
-  if (seg_heads > 0) {
-    const ReduceShape shape = reduce_shape(tb.num_qblocks, tb.segments);
-    segment_reduce_kernel<op><<<static_cast<unsigned>(seg_heads * shape.split), kHeadDim / shape.split * shape.slices,
-                                0, stream>>>(in, tb, out, shape.split);
-    if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
-  }
-  if (tiles) return launch_tiles<op, Pass::kKAndV, kStages>(in, tb, out, stream);
-  return cudaSuccess;
-}
-#endif  // __CUDACC__
 
 }  // namespace quantize
 }  // namespace flashinfer_h3

@@ -1,7 +1,7 @@
 // The FP8 attention kernel (SPEC 4), mma.sync family: native on SM120 (QMMA.16832 E4M3), and the
 // same source on Hopper, where ptxas lowers the FP8 mma.sync to exact F16 unpacks + HMMA.
 //
-// Work split (as the NVFP4 kernel, attention_sm120.cuh): one CTA per (128-row query block, head),
+// Work split (as the NVFP4 kernel, attention_nvfp4.cuh): one CTA per (128-row query block, head),
 // 8 warps x 16 query rows; the CTA walks its segment's keys in tiles of 64 counted from the
 // segment start, streaming K and V^T tiles through a 4-stage cp.async ring. Per tile and warp:
 //   QK^T   S = fp32(sq sk) * (qcode . kcode)     8 n8 key tiles x 4 k32 steps, E4M3 MMAs
@@ -34,8 +34,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "formats.cuh"
-#include "softmax.cuh"
+#include "attention/softmax.cuh"
+#include "numerics/formats.cuh"
 #include "attention/mma_sync/mma_fp8.cuh"
 
 namespace flashinfer_h3 {

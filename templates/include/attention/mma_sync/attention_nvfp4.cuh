@@ -1,5 +1,6 @@
-// The NVFP4 attention kernel (SPEC 3), mma.sync style: native on SM120, and on Hopper with the
-// emulated MMA layer (same source, same register contract; see mma_sm120.cuh).
+// The NVFP4 attention kernel (SPEC 3), mma.sync family: native on SM120 (backend mma_sync_fp4),
+// and on Hopper with the emulated MMA layer (backend mma_sync_fp4_emulated: same source, same
+// register contract; see mma_fp4.cuh).
 //
 // Work split: one CTA per (128-row query block, head), 8 warps x 16 query rows. The CTA walks its
 // segment's keys in tiles of 128 (the reference's tile, so the running max moves at the same keys),
@@ -21,16 +22,15 @@
 #include <type_traits>
 #include <utility>
 
-#include "formats.cuh"
-#if FLASHINFER_H3_NATIVE_FP4
-#include "mma_sm120.cuh"
-#else
-#include "mma_sm90_emulated.cuh"
-#endif
-#include "softmax.cuh"
+#include "attention/mma_sync/mma_fp4.cuh"
+#include "attention/softmax.cuh"
+#include "common.cuh"
+#include "numerics/formats.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/ldmatrix.cuh"
 
 namespace flashinfer_h3 {
-namespace attn_sm120 {
+namespace attn_nvfp4 {
 
 constexpr int kHeadDim = 128;
 constexpr int kCodeBytes = kHeadDim / 2;    // E2M1 codes of one row (two per byte)
@@ -86,56 +86,23 @@ struct Params {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Small primitives
+// Small primitives (the PTX wrappers live in ptx/; static_for in common.cuh)
 // ---------------------------------------------------------------------------------------------
 
-template <class F, int... Is>
-__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, Is...>) {
-  (f(std::integral_constant<int, Is>{}), ...);
-}
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldmatrix_x2;
+using ptx::smem_addr;
 
-// f(integral_constant<int, i>) for i = 0..N-1: MMA selectors must be compile-time immediates.
-template <int N, class F>
-__device__ __forceinline__ void static_for(F&& f) {
-  static_for_impl(f, std::make_integer_sequence<int, N>{});
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// PTX ISA 9.0 §9.7.9.25.3 (cp.async): 16 bytes, L2 only; a src-size of 0 writes 16 zero bytes and
-// reads nothing, which is how rows outside the segment become zeros.
+// PTX ISA 9.0 §9.7.9.25.3 (ptx/cp_async.cuh): 16 bytes, L2 only; a src-size of 0 writes 16 zero
+// bytes and reads nothing, which is how rows outside the segment become zeros.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
+  ptx::cp_async_cg_16(dst, src, valid ? 16 : 0);
 }
 
 // The same for 4 bytes (cp.async.cg only moves 16; .ca allows 4, 8, 16).
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
-// PTX ISA 9.0 §9.7.9.25.3.2/3 (cp.async.commit_group, cp.async.wait_group).
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// PTX ISA 9.0 §9.7.14.5.15 (ldmatrix): two 8x8 b16 matrices; lanes 0-7 and 8-15 give the row
-// addresses of matrix 0 and 1, and lane 4g+t receives bytes 4t..4t+3 of row g of each, which is
-// exactly an m16n8k64 B fragment register when a "row" is 16 bytes (32 codes) of one column.
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
+  ptx::cp_async_ca_4(dst, src, valid ? 4 : 0);
 }
 
 // Byte offset of 16-byte chunk q of row r inside a [rows][64 B] tile.
@@ -472,5 +439,5 @@ __global__ void __launch_bounds__(kThreads, 1) attention_nvfp4_kernel(const Para
   if (warp_has_rows) store_output(p, cta, warp, o, sm);
 }
 
-}  // namespace attn_sm120
+}  // namespace attn_nvfp4
 }  // namespace flashinfer_h3

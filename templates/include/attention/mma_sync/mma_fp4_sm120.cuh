@@ -13,7 +13,7 @@
 //   SF_A row m comes from lane 4 (m % 8) + 2 kThreadIdA + m / 8,
 //   SF_B col n comes from lane 4 n + kThreadIdB; byte j of a scale word scales k in [16j, 16j+16).
 //
-// mma_sm90_emulated.cuh implements the same interface on Hopper; attention_sm120.cuh includes
+// mma_fp4_sm90_emulated.cuh implements the same interface on Hopper; mma_fp4.cuh includes
 // whichever matches the target, so the kernel source is identical on both.
 //
 // Interface (both implementations; every call is warp-collective, like mma.sync itself):
@@ -25,6 +25,8 @@
 #pragma once
 
 #include <stdint.h>
+
+#include "ptx/mma_sync.cuh"
 
 namespace flashinfer_h3 {
 namespace mma {
@@ -41,20 +43,12 @@ __device__ __forceinline__ FragA<kThreadIdA> make_frag_a(const uint32_t (&a)[4],
   return FragA<kThreadIdA>{{a[0], a[1], a[2], a[3]}, sfa};
 }
 
-// PTX ISA 9.0 §9.7.14.5.14: mma.sync.aligned.kind::mxf4nvf4.block_scale.scale_vec::4X.m16n8k64.
-// With scale_vec::4X every byte of a scale word is used, so both byte-ids must be 0; the
-// thread-ids are immediates because a register selector turns into a waterfall loop in SASS.
+// One mma.sync.aligned.kind::mxf4nvf4.block_scale.scale_vec::4X.m16n8k64 (ptx/mma_sync.cuh).
 template <int kThreadIdB, int kThreadIdA>
 __device__ __forceinline__ void mma_nvfp4(float (&d)[4], const FragA<kThreadIdA>& a, uint32_t b0,
                                           uint32_t b1, uint32_t sfb) {
   static_assert(kThreadIdB >= 0 && kThreadIdB <= 3, "thread-id-b selects one lane of a quad");
-  asm volatile(
-      "mma.sync.aligned.kind::mxf4nvf4.block_scale.scale_vec::4X.m16n8k64.row.col.f32.e2m1.e2m1"
-      ".f32.ue4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}, {%10}, "
-      "{%11, %12}, {%13}, {%14, %15};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a.codes[0]), "r"(a.codes[1]), "r"(a.codes[2]), "r"(a.codes[3]), "r"(b0), "r"(b1),
-        "r"(a.sf), "n"(0), "n"(kThreadIdA), "r"(sfb), "n"(0), "n"(kThreadIdB));
+  ptx::mma_m16n8k64_e2m1_block_scale<kThreadIdA, kThreadIdB>(d, a.codes, b0, b1, a.sf, sfb);
 }
 
 }  // namespace mma

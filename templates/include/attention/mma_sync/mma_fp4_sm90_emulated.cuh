@@ -1,5 +1,5 @@
 // The block-scaled FP4 MMA layer, emulated on Hopper (sm_90a) with the same register contract as
-// the native SM120 instruction (mma_sm120.cuh states the contract and the interface).
+// the native SM120 instruction (mma_fp4_sm120.cuh states the contract and the interface).
 //
 // Why this is exact: a dequantized operand, E2M1 code times UE4M3 scale, has at most 6
 // significant bits and lies in [2^-10, 2688] (or is 0), so it is exact in FP16; an FP16 tensor-core
@@ -20,7 +20,10 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "formats.cuh"
+#include "numerics/formats.cuh"
+#include "ptx/cvt.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/prmt.cuh"
 
 namespace flashinfer_h3 {
 namespace mma {
@@ -29,17 +32,14 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 
 namespace emu {
 
-// Byte p (p = 0..3) of an E2M1 word, i.e. elements 2p and 2p+1, as an f16x2 pair times 2^-14.
-// The code's sign goes to bit 15 and its three magnitude bits to bits [11:9]: E2M1's exponent then
-// sits in the f16 exponent field and its mantissa bit in the top mantissa bit, and E2M1's
-// subnormal (0.5) lands on the f16 subnormal, so every code maps to value * 2^-14 exactly.
+// Byte p (p = 0..3) of an E2M1 word, i.e. elements 2p and 2p+1, as an f16x2 pair times 2^-14
+// (numerics/formats.cuh, e2m1x2_f16_bits: the one E2M1 decode).
 template <int kByte>
 __device__ __forceinline__ uint32_t e2m1x2_bits_scaled_down(uint32_t even_nibbles,
                                                             uint32_t odd_nibbles) {
   // Bytes 0 and 2 of w get the even and odd element; bytes 1 and 3 are don't-care (masked off).
   constexpr uint32_t kSel = kByte | kByte << 4 | (4 + kByte) << 8 | (4 + kByte) << 12;
-  const uint32_t w = __byte_perm(even_nibbles, odd_nibbles, kSel);
-  return ((w & 0x00080008u) << 12) | ((w & 0x00070007u) << 9);
+  return e2m1x2_f16_bits(ptx::prmt(even_nibbles, odd_nibbles, kSel));
 }
 
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
@@ -67,25 +67,19 @@ __device__ __forceinline__ void dequant_e2m1x8(uint32_t codes, __half2 scale, ui
 }
 
 // The two scale bytes this lane's k runs need, as f16: .x scales k 8t..8t+7 (byte t/2), .y scales
-// k 32+8t..32+8t+7 (byte 2 + t/2). PTX ISA 9.0 §9.7.9.21 (cvt): f16x2.e4m3x2 converts the low byte
-// into the low half; UE4M3 is E4M3 with the sign bit 0, and every E4M3 value is exact in f16.
+// k 32+8t..32+8t+7 (byte 2 + t/2). cvt.rn.f16x2.e4m3x2 (ptx/cvt.cuh) converts the low byte into
+// the low half; UE4M3 is E4M3 with the sign bit 0, and every E4M3 value is exact in f16.
 __device__ __forceinline__ __half2 scales_for_lane(uint32_t sf_word, int t) {
   const uint32_t sel = static_cast<uint32_t>(t >> 1) | static_cast<uint32_t>(2 + (t >> 1)) << 4 |
                        0x4400u;
-  const uint16_t pair = static_cast<uint16_t>(__byte_perm(sf_word, 0u, sel));
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(pair));
-  return as_half2(h);
+  const uint16_t pair = static_cast<uint16_t>(ptx::prmt(sf_word, 0u, sel));
+  return as_half2(ptx::cvt_f16x2_e4m3x2(pair));
 }
 
-// One HMMA m16n8k16, f16 inputs, f32 accumulate: PTX ISA 9.0 §9.7.14.5.14 (mma, .m16n8k16).
+// One HMMA m16n8k16, f16 inputs, f32 accumulate (ptx/mma_sync.cuh).
 __device__ __forceinline__ void hmma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  ptx::mma_m16n8k16_f16(d, a, b0, b1);
 }
 
 }  // namespace emu
