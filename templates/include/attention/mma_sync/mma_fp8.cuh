@@ -13,8 +13,9 @@
 //
 // SASS: on sm_120a one QMMA.16832.F32.E4M3.E4M3; on sm_90a (no FP8 mma.sync in hardware) ptxas
 // lowers the same instruction to exact E4M3 -> F16 unpacks (F2FP.F16.E4M3.UNPACK_B) and two
-// HMMA.16816.F32 (shared/notes/ptx_fp4.md §5), so the Hopper build runs this kernel's real
-// instruction stream: its layouts, scales and masking, with no emulation layer of ours.
+// HMMA.16816.F32 (the nvcc SASS tests of the FP8 kernel check both), so the Hopper build runs
+// this kernel's real instruction stream: its layouts, scales and masking, with no emulation layer
+// of ours.
 #pragma once
 
 #include <stdint.h>
