@@ -24,7 +24,7 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 def _source_copy(tmp_path: Path) -> Path:
     dst = tmp_path / "src"
     dst.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(REPO / name, dst / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.o")
     for name in ("flashinfer_h3", "templates"):
@@ -90,6 +90,22 @@ def test_wheel_ships_every_template_and_header(tmp_path: Path) -> None:
         "flashinfer-h3 = flashinfer_h3.__main__:main"
         in zipfile.ZipFile(wheel).read(entry_points).decode()
     )
+
+
+def test_a_rebuilt_wheel_ships_no_stale_template(tmp_path: Path) -> None:
+    # setuptools reuses ./build/lib of the checkout: a header removed since an earlier build
+    # must not be shipped (it would also change every kernel's source key).
+    src = _source_copy(tmp_path)
+    stale = src / "templates" / "include" / "zz_removed_later.cuh"
+    stale.write_text("// gone in the next build\n")
+    _pip("wheel", "-w", str(tmp_path / "dist1"), str(src), cwd=src)
+    stale.unlink()
+    _pip("wheel", "-w", str(tmp_path / "dist2"), str(src), cwd=src)
+    (first,) = (tmp_path / "dist1").glob("flashinfer_h3-*.whl")
+    (second,) = (tmp_path / "dist2").glob("flashinfer_h3-*.whl")
+    name = "flashinfer_h3/templates/include/zz_removed_later.cuh"
+    assert name in zipfile.ZipFile(first).namelist()
+    assert name not in zipfile.ZipFile(second).namelist()
 
 
 _PROBE = """
