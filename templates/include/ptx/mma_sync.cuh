@@ -35,5 +35,17 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89 and later; fragments in
+// §9.7.14.5.10, summarised in attention/mma_sync/mma_fp8.cuh). SASS: QMMA.16832.F32.E4M3.E4M3 on
+// sm_120a; on sm_90a ptxas lowers it to F2FP.F16.E4M3.UNPACK_B + two HMMA.16816.F32.
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

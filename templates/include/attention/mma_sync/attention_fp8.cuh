@@ -35,8 +35,10 @@
 #include <stdint.h>
 
 #include "attention/softmax.cuh"
-#include "numerics/formats.cuh"
 #include "attention/mma_sync/mma_fp8.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/cvt.cuh"
+#include "ptx/ldmatrix.cuh"
 
 namespace flashinfer_h3 {
 namespace attn_fp8 {
@@ -96,40 +98,8 @@ struct Params {
 };
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers
+// Shared-memory placement
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// PTX ISA 9.0 §9.7.9.25.3 (cp.async): 16 bytes, L2 only; a src-size of 0 writes 16 zero bytes and
-// reads nothing, which is how rows and chunks outside the segment become zeros.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-// PTX ISA 9.0 §9.7.9.25.3.2/3 (cp.async.commit_group, cp.async.wait_group).
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// PTX ISA 9.0 §9.7.14.5.15 (ldmatrix): four 8x8 b16 matrices; lanes 8m..8m+7 give the row
-// addresses of matrix m, and lane 4g + t receives bytes 4t..4t+3 of row g of matrix m in r[m].
-// With a "row" = 16 bytes of one key (K) or one channel (V^T), that is an m16n8k32 E4M3 B
-// fragment register: matrices (chunk 2s, chunk 2s + 1) are (b0, b1) of the k32 step s.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // Byte offsets of 16-byte chunk c of row r in the K tile [64][128 B] and the V^T tile [128][64 B].
 __device__ __forceinline__ int k_smem_offset(int row, int chunk) {
@@ -180,7 +150,7 @@ __device__ __forceinline__ void issue_kv_tile(uint8_t* stage, const Params& p, c
                                               int tile) {
   const int tid = threadIdx.x;
   const int key0 = tile * kTileKeys;
-  const uint32_t base = smem_addr(stage);
+  const uint32_t base = ptx::smem_addr(stage);
   {
     const int row = tid >> 2, x = tid & 3;
     const bool key_ok = key0 + row < cta.seg_len;
@@ -189,7 +159,8 @@ __device__ __forceinline__ void issue_kv_tile(uint8_t* stage, const Params& p, c
         p.k_codes + (static_cast<int64_t>(cta.head) * p.tokens + token) * kKRowBytes + 32 * x;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      cp_async_16(base + Smem::kKCodes + k_smem_offset(row, 2 * x + c), src + 16 * c, key_ok);
+      ptx::cp_async_cg_16(base + Smem::kKCodes + k_smem_offset(row, 2 * x + c), src + 16 * c,
+                          key_ok ? 16 : 0);
     }
   }
   {
@@ -198,7 +169,7 @@ __device__ __forceinline__ void issue_kv_tile(uint8_t* stage, const Params& p, c
                          cta.v_col_begin + key0 + 32 * h;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      cp_async_16(base + Smem::kVCodes + v_smem_offset(row, 2 * h + c), src + 16 * c, true);
+      ptx::cp_async_cg_16(base + Smem::kVCodes + v_smem_offset(row, 2 * h + c), src + 16 * c, 16);
     }
   }
 }
@@ -210,7 +181,7 @@ __device__ __forceinline__ void issue_kv_tile(uint8_t* stage, const Params& p, c
 // needs them: its FP8 MMA lowering keeps a product temporary per MMA in flight).
 // ---------------------------------------------------------------------------------------------
 struct QOperand {
-  const uint32_t* src[2];  // rows g and g + 8: code bytes 4t.. (padding rows: the block's first row)
+  const uint32_t* src[2];  // rows g, g + 8: code bytes 4t.. (padding rows: the block's row 0)
   float scale[2];          // sq of rows g and g + 8 (0 for padding rows)
 };
 
@@ -258,7 +229,7 @@ __device__ __forceinline__ uint32_t schedule_after(uint32_t addr, float value, u
 __device__ __forceinline__ void qk_dot(float (&s)[kSTiles][4], const QOperand& q,
                                        const uint8_t* stage) {
   const int lane = threadIdx.x & 31;
-  const uint32_t k_codes = smem_addr(stage + Smem::kKCodes);
+  const uint32_t k_codes = ptx::smem_addr(stage + Smem::kKCodes);
 #pragma unroll
   for (int i = 0; i < kSTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
@@ -268,7 +239,7 @@ __device__ __forceinline__ void qk_dot(float (&s)[kSTiles][4], const QOperand& q
 #pragma unroll
     for (int i = 0; i < kSTiles; i += 2) {
       uint32_t b[4];
-      ldmatrix_x4(b, k_codes + k_smem_offset(8 * (i + (lane >> 4)) + (lane & 7),
+      ptx::ldmatrix_x4(b, k_codes + k_smem_offset(8 * (i + (lane >> 4)) + (lane & 7),
                                              2 * k + ((lane >> 3) & 1)));
       mma::mma_e4m3_m16n8k32(s[i], a, b[0], b[1]);
       mma::mma_e4m3_m16n8k32(s[i + 1], a, b[2], b[3]);
@@ -295,7 +266,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[kSTiles][4], const QOp
 // Ptil -> the PV A fragments. k32 step k covers 16-key groups 2k (registers 0, 1) and 2k + 1
 // (registers 2, 3); byte u of a register is accumulator (tile 2G + u / 2, element u % 2) of the
 // row (see the file comment). PTX ISA 9.0 §9.7.9.21 (cvt): e4m3x2 RN with satfinite (Ptil <= 256
-// never saturates); formats.cuh's wrapper puts its first argument in the low byte.
+// never saturates); ptx/cvt.cuh's wrapper puts its first argument in the low byte.
 __device__ __forceinline__ void pack_p(uint32_t (&pa)[kPVSteps][4], const float (&p)[kSTiles][4]) {
 #pragma unroll
   for (int k = 0; k < kPVSteps; ++k) {
@@ -304,8 +275,9 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[kPVSteps][4], const float 
       const int tile = 4 * k + 2 * h;  // first n8 tile of group G = 2k + h
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint32_t lo = cvt_e4m3x2_rn_satfinite(p[tile][2 * r], p[tile][2 * r + 1]);
-        const uint32_t hi = cvt_e4m3x2_rn_satfinite(p[tile + 1][2 * r], p[tile + 1][2 * r + 1]);
+        const uint32_t lo = ptx::cvt_e4m3x2_rn_satfinite(p[tile][2 * r], p[tile][2 * r + 1]);
+        const uint32_t hi =
+            ptx::cvt_e4m3x2_rn_satfinite(p[tile + 1][2 * r], p[tile + 1][2 * r + 1]);
         pa[k][2 * h + r] = lo | hi << 16;
       }
     }
@@ -322,7 +294,7 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[kOTiles][4],
                                               const float (&alpha)[2], const uint8_t* stage,
                                               uint32_t zero) {
   const int lane = threadIdx.x & 31;
-  const uint32_t v_codes = smem_addr(stage + Smem::kVCodes);
+  const uint32_t v_codes = ptx::smem_addr(stage + Smem::kVCodes);
   float last[2] = {0.0f, 0.0f};  // a product of the pair two before (0: nothing to wait for)
 #pragma unroll
   for (int j = 0; j < kOTiles; j += 2) {
@@ -331,7 +303,7 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[kOTiles][4],
 #pragma unroll
     for (int k = 0; k < kPVSteps; ++k) {
       uint32_t b[4];
-      ldmatrix_x4(b, v_base + v_smem_offset(8 * (j + (lane >> 4)) + (lane & 7),
+      ptx::ldmatrix_x4(b, v_base + v_smem_offset(8 * (j + (lane >> 4)) + (lane & 7),
                                             2 * k + ((lane >> 3) & 1)));
       mma::mma_e4m3_m16n8k32(acc[0], pa[k], b[0], b[1]);
       mma::mma_e4m3_m16n8k32(acc[1], pa[k], b[2], b[3]);
@@ -391,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fp8_kernel(const Params
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < num_tiles) issue_kv_tile(stage_ptr(i), p, cta, i);
-    cp_async_commit();  // one group per tile slot, empty or not, keeps wait_group's count exact
+    ptx::cp_async_commit();  // one group per tile slot, empty or not: wait_group counts exactly
   }
   const bool warp_has_rows = cta.row_begin + warp * kWarpRows < cta.row_end;
   const QOperand q = load_q_operand(p, cta, warp);
@@ -405,12 +377,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fp8_kernel(const Params
   for (int tile = 0; tile < num_tiles; ++tile) {
     // This thread's copies of `tile` have landed; after the barrier everyone's have, and every
     // warp is done with tile - 1, whose stage the next issue refills.
-    cp_async_wait<kStages - 2>();
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();
     if (tile + kStages - 1 < num_tiles) {
       issue_kv_tile(stage_ptr(tile + kStages - 1), p, cta, tile + kStages - 1);
     }
-    cp_async_commit();
+    ptx::cp_async_commit();
 
     if (warp_has_rows) {  // warps holding only padding rows copy, nothing else
       const uint8_t* stage = stage_ptr(tile);
@@ -426,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_fp8_kernel(const Params
       pv_accumulate(o, pa, alpha, stage, p.zero);
     }
   }
-  cp_async_wait<0>();  // no copy is in flight when the CTA exits
+  ptx::cp_async_wait<0>();  // no copy is in flight when the CTA exits
 
   // The coordinates again (the cp.async memory clobbers make them reloads from L1), rather than
   // registers held across the tile loop.

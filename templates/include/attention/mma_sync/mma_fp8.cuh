@@ -20,16 +20,15 @@
 
 #include <stdint.h>
 
+#include "ptx/mma_sync.cuh"
+
 namespace flashinfer_h3 {
 namespace mma {
 
+// d = A B + d (warp-collective), the fragments above.
 __device__ __forceinline__ void mma_e4m3_m16n8k32(float (&d)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  ptx::mma_m16n8k32_e4m3(d, a, b0, b1);
 }
 
 }  // namespace mma
