@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session on an H200: every GPU test, the benchmarks and the sanitizers, logs in $OUT.
 # Usage (from the repository root, with the tvm-ffi cp312 wheel in .whl/ when it is not installed):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|sanitize|profile|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; not part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
@@ -13,6 +13,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
     export PYTHONPATH=$PWD
 fi
+# cudnn-frontend (the cuDNN FP8 peer) and torch must use one libcudnn: torch's comes first.
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
+[[ -n $cudnn_lib ]] && export LD_LIBRARY_PATH=$cudnn_lib:${LD_LIBRARY_PATH:-}
 # One JIT cache for every step, so each module is built once per session.
 export FLASHINFER_H3_CACHE_DIR=${FLASHINFER_H3_CACHE_DIR:-/tmp/h3cache}
 export PYTHONUNBUFFERED=1
@@ -22,21 +25,21 @@ export PYTHONUNBUFFERED=1
     echo "commit ${REV:-unknown (set REV)}; .git says $(git log -1 --format=%h 2>/dev/null || echo none)"
     python3 -m flashinfer_h3 info
     # profile builds the pre-pass alone (--standalone), without the attention kernel.
-    [[ $what == profile ]] || python3 -m flashinfer_h3 warmup --op nvfp4,fp8,utils
+    [[ $what == profile ]] || python3 -m flashinfer_h3 warmup
 } 2>&1 | tee "$OUT/info.log"
 
 if [[ $what == all || $what == tests ]]; then
-    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider \
-        tests/test_binding_gpu.py tests/test_ops_gpu.py tests/test_quantize_gpu.py \
-        tests/test_mma_layer_gpu.py tests/test_attention_nvfp4_gpu.py \
-        tests/test_api_errors.py tests/test_plan_workspace.py 2>&1 | tee "$OUT/tests_gpu.log"
-    # The mma.sync FP8 kernel (the worst relative L2 against the reference is printed last).
-    timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
-        tests/kernels/test_attention_fp8_mma_sync_gpu.py 2>&1 | tail -n 80 \
-        | tee "$OUT/tests_fp8_mma_sync_gpu.log"
-    timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -k "gpu or cuda" \
-        tests/test_reference_accuracy.py tests/test_formats.py tests/test_reference.py \
-        2>&1 | tee "$OUT/tests_reference_gpu.log"
+    # Every GPU test of the tree (marker gpu), 8 worker processes on the one GPU; the modules
+    # were built by the warmup above into the shared FLASHINFER_H3_CACHE_DIR. -s: the kernels'
+    # tests print their worst relative L2 against the reference.
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -rs -p no:cacheprovider -m gpu -n 8 tests/ \
+        2>&1 | tail -n 60 | tee "$OUT/tests_gpu.log"
+fi
+
+if [[ $what == fp8 ]]; then
+    # The FP8 operator's three presets with every peer (cuDNN FP8 when cudnn-frontend is there).
+    timeout 240 python3 -m flashinfer_h3 bench --op fp8 --preset h3-10s,h3-15s-sp4,h3-mix \
+        --iters 3 --json "$OUT/bench_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
 fi
 
 if [[ $what == all || $what == bench ]]; then
@@ -71,7 +74,7 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
     print(op.__name__, "small packed call ok", tuple(out.shape))
 PY
     {
-        for tool in memcheck racecheck; do
+        for tool in memcheck racecheck synccheck; do
             timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py
             echo "compute-sanitizer $tool exit=$?"
         done
