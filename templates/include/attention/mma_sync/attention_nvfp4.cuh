@@ -24,6 +24,7 @@
 
 #include "attention/mma_sync/mma_fp4.cuh"
 #include "attention/softmax.cuh"
+#include "attention/tile_schedule.cuh"
 #include "common.cuh"
 #include "numerics/formats.cuh"
 #include "ptx/cp_async.cuh"
@@ -113,15 +114,8 @@ __device__ __forceinline__ int smem_chunk(int row, int chunk) {
 // ---------------------------------------------------------------------------------------------
 // Per-CTA coordinates
 // ---------------------------------------------------------------------------------------------
-struct Cta {
-  int head;
-  int row_begin, row_end;  // this block's query rows
-  int64_t seg_begin;       // first token of the segment
-  int seg_len;             // keys of the segment
-  int64_t v_col_begin;     // first padded V column of the segment
-  int v_padded_len;        // its padded V columns (a multiple of 64)
-  int canonical;           // index of the block's qbar
-};
+// (attention/tile_schedule.cuh: the block, head, segment keys and padded V columns of a CTA)
+using Cta = attention::QBlockTile;
 
 // ---------------------------------------------------------------------------------------------
 // Producer: one KV tile into a stage (every thread issues its share; two threads per key/channel)
@@ -359,19 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_nvfp4_kernel(const Para
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x >> 5;
 
-  Cta cta;
-  {
-    const int blk = blockIdx.x / p.heads;
-    cta.head = blockIdx.x - blk * p.heads;
-    const int seg = p.qblocks[4 * blk + 0];
-    cta.row_begin = p.qblocks[4 * blk + 1];
-    cta.row_end = p.qblocks[4 * blk + 2];
-    cta.canonical = p.qblocks[4 * blk + 3];
-    cta.seg_begin = p.seg_bounds[seg];
-    cta.seg_len = p.seg_bounds[seg + 1] - p.seg_bounds[seg];
-    cta.v_col_begin = p.vkey_start[seg];
-    cta.v_padded_len = p.vkey_start[seg + 1] - p.vkey_start[seg];
-  }
+  const Cta cta = attention::qblock_tile(blockIdx.x, p.heads, p.qblocks, p.seg_bounds, p.vkey_start);
   const int num_tiles = (cta.seg_len + kTileKeys - 1) / kTileKeys;
   auto stage_ptr = [&](int tile) { return smem + (tile % kStages) * Smem::kStageBytes; };
   float* qbar_s = reinterpret_cast<float*>(smem + Smem::kQbar);
