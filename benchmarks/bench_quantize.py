@@ -15,7 +15,7 @@ the copy, whatever the accounting.
     python benchmarks/bench_quantize.py --bounds 0 4096 61440 --heads 14 --json out.json
     python benchmarks/bench_quantize.py --standalone --profile  # per-kernel times (torch.profiler)
 
-``--standalone`` builds the pre-pass alone (``tests/test_quantize_build.build_quantize_so``)
+``--standalone`` builds the pre-pass alone (``tests/kernels/test_quantize_build.build_quantize_so``)
 instead of the JIT's module; ``--include DIR`` puts DIR before the package headers for that
 build (to measure a modified header, e.g. another formats.cuh).
 """
@@ -51,7 +51,7 @@ def load_module(op: str, standalone: bool, include: list[Path]) -> Any:
         return get_module(op)
     import tvm_ffi
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "kernels"))
     from test_quantize_build import build_quantize_so
 
     major, minor = torch.cuda.get_device_capability()

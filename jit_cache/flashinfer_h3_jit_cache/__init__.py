@@ -6,7 +6,7 @@ its configuration, source key, flashinfer_h3 version and tvm-ffi series match th
 
 from pathlib import Path
 
-# Must equal flashinfer_h3.__version__ (tests/test_packaging.py checks it).
+# Must equal flashinfer_h3.__version__ (tests/jit/test_packaging.py checks it).
 __version__ = "0.1.0"
 
 

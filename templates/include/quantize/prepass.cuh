@@ -53,7 +53,7 @@
 // Numerics: the element path is bit-exact to SPEC 3/4 (formats.cuh conversions, explicit
 // __f*_rn steps, never --use_fast_math): the smoothing is __fsub_rn, FP8 uses __fdiv_rn,
 // __frcp_rn and __fmul_rn, and the NVFP4 group quantizer is nvfp4_group below, whose shortcuts
-// tests/test_quantize_build.py checks for every float (and the whole group against formats.py).
+// tests/kernels/test_quantize_build.py checks for every float (and the whole group against formats.py).
 //
 // Files: this one holds the device code; the group quantizers are numerics/group_quantize.cuh,
 // the host launcher quantize/launch.cuh.

@@ -21,7 +21,7 @@ from flashinfer_h3.jit import (
 )
 from flashinfer_h3.jit import prebuilt as jit_prebuilt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CFG = KernelConfig("utils", arch="sm_90a")
 
 

@@ -626,7 +626,7 @@ def test_docs_api_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
     exec(compile(example, "docs/api.md", "exec"), {})
     printed = capsys.readouterr().out

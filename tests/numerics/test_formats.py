@@ -546,7 +546,7 @@ def build_probe(tmp_path, arch: str):
 
     from flashinfer_h3.jit import find_nvcc
 
-    include = Path(__file__).resolve().parents[1] / "templates" / "include"
+    include = Path(__file__).resolve().parents[2] / "templates" / "include"
     src = tmp_path / "formats_probe.cu"
     src.write_text(PROBE_CU)
     so = tmp_path / f"formats_probe_{arch}.so"

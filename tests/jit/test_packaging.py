@@ -17,7 +17,7 @@ import pytest
 import flashinfer_h3
 from flashinfer_h3 import version
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 
