@@ -442,67 +442,60 @@ class PlanArgs:
         return value
 
 
-def mma_sync_fp4_launcher(module: Any, backend: Backend) -> Launch:
-    """The NVFP4 pre-pass and the mma.sync attention kernel of module ``nvfp4``."""
-    quantize, attention = module.quantize_nvfp4, module.attention_nvfp4
+#: ``derive(plan, views) -> (quantize_args, attention_args, attention_tail)``: the arguments of
+#: the two tvm-ffi calls of a kernel backend that are fixed for a (plan, views) pair.
+Derive = Callable[..., tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]
 
-    def derive(plan: Plan, views: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
-        # views: kbar, qbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
-        return ((seg_bounds, vkey_start, qblock_start, qblocks, *views),
-                (*views[1:], seg_bounds, vkey_start, qblocks))
 
+def prepass_attention_launcher(quantize: Callable[..., None], attention: Callable[..., None],
+                               derive: Derive) -> Launch:
+    """The launch of a kernel backend: ``quantize(q, k, v, *quantize_args)`` (the pre-pass), then
+    ``attention(out, *attention_args, softmax_scale, *attention_tail)``, the arguments derived
+    once per (plan, views) pair (:class:`PlanArgs`)."""
     bound = PlanArgs(derive)
 
     def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
                bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
-        quantize_args, attention_args = bound.get(plan, views)
+        quantize_args, attention_args, tail = bound.get(plan, views)
         quantize(q, k, v, *quantize_args)
-        attention(out, *attention_args, scale)
+        attention(out, *attention_args, scale, *tail)
 
     return launch
+
+
+def mma_sync_fp4_launcher(module: Any, backend: Backend) -> Launch:
+    """The NVFP4 pre-pass and the mma.sync attention kernel of module ``nvfp4``."""
+
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
+        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
+        # views: kbar, qbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
+        return ((seg_bounds, vkey_start, qblock_start, qblocks, *views),
+                (*views[1:], seg_bounds, vkey_start, qblocks), ())
+
+    return prepass_attention_launcher(module.quantize_nvfp4, module.attention_nvfp4, derive)
 
 
 def mma_sync_fp8_launcher(module: Any, backend: Backend) -> Launch:
     """The FP8 pre-pass and the mma.sync FP8 attention kernel of module ``fp8``."""
-    quantize, attention = module.quantize_fp8, module.attention_fp8_mma_sync
 
-    def derive(plan: Plan, views: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
-        return (*tables, *views), (*views[1:], *tables)
+        return (*tables, *views), (*views[1:], *tables), ()
 
-    bound = PlanArgs(derive)
-
-    def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
-               bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
-        quantize_args, attention_args = bound.get(plan, views)
-        quantize(q, k, v, *quantize_args)
-        attention(out, *attention_args, scale)
-
-    return launch
+    return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_mma_sync, derive)
 
 
 def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     """The FP8 pre-pass and the Hopper wgmma FP8 kernel of module ``fp8_wgmma``. The kernel also
     takes the plan's used V columns (``vkey_start[S]``): its V tensor map ends there."""
-    quantize, attention = module.quantize_fp8, module.attention_fp8_wgmma
 
-    def derive(plan: Plan, views: tuple[Tensor, ...]
-               ) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
-        return (*tables, *views), (*views[1:], *tables), plan.host.vkey_start[-1]
+        return (*tables, *views), (*views[1:], *tables), (plan.host.vkey_start[-1],)
 
-    bound = PlanArgs(derive)
-
-    def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
-               bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
-        quantize_args, attention_args, vkeys_used = bound.get(plan, views)
-        quantize(q, k, v, *quantize_args)
-        attention(out, *attention_args, scale, vkeys_used)
-
-    return launch
+    return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)
 
 
 def reference_launcher(module: Any, backend: Backend) -> Launch:

@@ -209,3 +209,42 @@ def test_plan_args_are_bound_once_per_plan_and_views() -> None:
     assert bound.get(plan_a, views) == 1 and bound.get(plan_a, views) == 1
     assert bound.get(plan_b, views) == 2 and bound.get(plan_a, views) == 3
     assert bound.get(plan_a, (torch.zeros(1),)) == 4  # other views: derived again
+
+
+def test_kernel_launchers_pass_the_documented_arguments() -> None:
+    """Each kernel backend's launch: the pre-pass, then its attention kernel, with the
+    arguments of docs/design.md (derived once per plan and views)."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple]] = []
+
+        def __getattr__(self, name: str):
+            return lambda *args: self.calls.append((name, args))
+
+    class FakePlan:
+        args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
+        host = type("Host", (), {"vkey_start": (0, 64, 192)})()
+
+    plan = FakePlan()
+    expected_tail = {
+        "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], 0.5, ()),
+        "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], 0.5, ()),
+        "mma_sync_fp8": (list(FakePlan.args), 0.5, ()),
+        "wgmma_fp8": (list(FakePlan.args), 0.5, (192,)),
+    }
+    for op in backends.OPERATORS:
+        for b in backends.backends(op):
+            if not b.is_kernel or b.name not in expected_tail:
+                continue
+            views = tuple(f"view{i}" for i in range(8 if op == "nvfp4" else 7))
+            module = Recorder()
+            launch = b.make_launcher(module, b)
+            for _ in range(2):  # the second call reuses the bound arguments
+                launch("q", "k", "v", "out", 0.5, (0, 64, 128), plan, views)
+            (qname, qargs), (aname, aargs) = module.calls[:2]
+            assert module.calls[2:] == module.calls[:2]
+            assert qname == f"quantize_{op}"
+            assert qargs == ("q", "k", "v", *FakePlan.args, *views)
+            tables, scale, tail = expected_tail[b.name]
+            assert aargs == ("out", *views[1:], *tables, scale, *tail), b.name
