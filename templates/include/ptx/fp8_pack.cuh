@@ -4,15 +4,15 @@
 
 #include <stdint.h>
 
+#include "ptx/cvt.cuh"
+
 namespace flashinfer_h3 {
 namespace ptx {
 
-// cvt.rn.satfinite.e4m3x2.f32 d, a, b: d[15:8] = e4m3(a), d[7:0] = e4m3(b), round to nearest
-// even, saturating to +-448 (never NaN for finite inputs).
+// cvt.rn.satfinite.e4m3x2.f32 (ptx/cvt.cuh) widened to 32 bits: `lo` in bits [7:0], `hi` in
+// [15:8], round to nearest even, saturating to +-448 (never NaN for finite inputs).
 __device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
-  uint16_t d;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
-  return d;
+  return cvt_e4m3x2_rn_satfinite(lo, hi);
 }
 
 // Four values, x0 in the lowest byte.
