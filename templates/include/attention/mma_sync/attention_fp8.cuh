@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "attention/softmax.cuh"
+#include "attention/tile_schedule.cuh"
 #include "attention/mma_sync/mma_fp8.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/cvt.cuh"
@@ -113,30 +114,17 @@ __device__ __forceinline__ int v_smem_offset(int row, int chunk) {
 // ---------------------------------------------------------------------------------------------
 // Per-CTA coordinates
 // ---------------------------------------------------------------------------------------------
-struct Cta {
-  int head;
-  int segment;
-  int row_begin, row_end;  // this block's query rows
-  int64_t seg_begin;       // first token of the segment
-  int seg_len;             // keys of the segment
-  int64_t v_col_begin;     // first padded V column of the segment
-  int v_padded_len;        // its padded V columns (a multiple of 64)
-  int kblock_begin;        // canonical index of the segment's first 128-key block (K scales)
+// The work item of attention/tile_schedule.cuh (query block, head, the segment's keys and V
+// columns) plus the canonical index of the segment's first 128-key block (its K scales).
+struct Cta : attention::QBlockTile {
+  int kblock_begin;
 };
 
 __device__ __forceinline__ Cta load_cta(const Params& p) {
   Cta cta;
-  const int blk = blockIdx.x / p.heads;
-  cta.head = blockIdx.x - blk * p.heads;
-  const int seg = p.qblocks[4 * blk + 0];
-  cta.segment = seg;
-  cta.row_begin = p.qblocks[4 * blk + 1];
-  cta.row_end = p.qblocks[4 * blk + 2];
-  cta.seg_begin = p.seg_bounds[seg];
-  cta.seg_len = p.seg_bounds[seg + 1] - p.seg_bounds[seg];
-  cta.v_col_begin = p.vkey_start[seg];
-  cta.v_padded_len = p.vkey_start[seg + 1] - p.vkey_start[seg];
-  cta.kblock_begin = p.qblock_start[seg];
+  static_cast<attention::QBlockTile&>(cta) = attention::qblock_tile(
+      static_cast<int>(blockIdx.x), p.heads, p.qblocks, p.seg_bounds, p.vkey_start);
+  cta.kblock_begin = p.qblock_start[cta.segment];
   return cta;
 }
 
