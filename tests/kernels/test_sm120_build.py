@@ -135,9 +135,23 @@ def test_sm90a_emulation_builds_without_local_memory(builds: dict[str, Path]) ->
 @pytest.mark.nvcc
 def test_module_exports(builds: dict[str, Path]) -> None:
     mod = _load(builds["sm_120a"])
-    for name in ("quantize_nvfp4", "attention_nvfp4", "mma_nvfp4_probe",
-                 "attention_nvfp4_smem_bytes"):
+    for name in ("quantize_nvfp4", "attention_nvfp4", "attention_nvfp4_smem_bytes"):
         assert hasattr(mod, name), name
+    # The MMA probe is test-only: its own module (nvfp4_mma_probe), never in the production .so.
+    assert not hasattr(mod, "mma_nvfp4_probe")
+
+
+@pytest.mark.nvcc
+def test_probe_module_holds_only_the_probe() -> None:
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    so = build_module(KernelConfig("nvfp4_mma_probe", arch="sm_120a"))
+    mod = _load(so)
+    assert hasattr(mod, "mma_nvfp4_probe") and not hasattr(mod, "attention_nvfp4")
+    sass = subprocess.run(["cuobjdump", "--dump-sass", str(so)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "mma_probe_kernel" in sass and "attention_nvfp4_kernel" not in sass
+    assert "OMMA" in sass  # the native layer on sm_120a
 
 
 def test_template_renders_clean() -> None:
