@@ -75,7 +75,7 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
 PY
     {
         for tool in memcheck racecheck synccheck; do
-            timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py
+            timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py
             echo "compute-sanitizer $tool exit=$?"
         done
     } 2>&1 | tail -n 40 | tee "$OUT/sanitize.log"
