@@ -253,17 +253,21 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
-    if constexpr (kSchedule == kOverlapped) {
+    // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
+    // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
+    {
       const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
       gemm_phase_begin(my_turn);
       issue_qk_when_ready(s, q_rows, sm, slot);
       ptx::named_barrier_arrive(other_turn, kPingPongThreads);
       ptx::wgmma_wait<0>();
       finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
-      for (int t = 1; t < tiles; ++t) {
-        const int pv_stage = slot.previous_stage();
-        const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
-        gemm_phase_begin(my_turn);
+    }
+    for (int t = 1; t < tiles; ++t) {
+      const int pv_stage = slot.previous_stage();
+      const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
+      gemm_phase_begin(my_turn);
+      if constexpr (kSchedule == kOverlapped) {
         issue_qk_when_ready(s, q_rows, sm, slot);
         issue_pv_when_ready(otmp, pa, sm, slot);
         ptx::named_barrier_arrive(other_turn, kPingPongThreads);
@@ -274,28 +278,7 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
         finish_pv(o, otmp, pa, alpha_prev, sm, pv_stage);
         pack_p(s, pa);
         ++slot.index;
-      }
-      {
-        const int pv_stage = slot.previous_stage();
-        gemm_phase_begin(my_turn);
-        issue_pv_when_ready(otmp, pa, sm, slot);
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-        ptx::wgmma_wait<0>();
-        finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
-      }
-    } else {
-      // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
-      // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-      const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
-      gemm_phase_begin(my_turn);
-      issue_qk_when_ready(s, q_rows, sm, slot);
-      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-      ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
-      for (int t = 1; t < tiles; ++t) {
-        const int pv_stage = slot.previous_stage();
-        const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
-        gemm_phase_begin(my_turn);
+      } else {
         issue_pv_when_ready(otmp, pa, sm, slot);
         issue_qk_when_ready(s, q_rows, sm, slot);
         ptx::named_barrier_arrive(other_turn, kPingPongThreads);
@@ -304,14 +287,14 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
         ptx::wgmma_wait<0>();
         finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
       }
-      {
-        const int pv_stage = slot.previous_stage();
-        gemm_phase_begin(my_turn);
-        issue_pv_when_ready(otmp, pa, sm, slot);
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
-        ptx::wgmma_wait<0>();
-        finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
-      }
+    }
+    {
+      const int pv_stage = slot.previous_stage();
+      gemm_phase_begin(my_turn);
+      issue_pv_when_ready(otmp, pa, sm, slot);
+      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      ptx::wgmma_wait<0>();
+      finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
     }
     // The item's head, segment and row range again (L1-resident table reads): keeping them live
     // across the tile loop costs registers the loop needs.
