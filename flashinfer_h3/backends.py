@@ -434,6 +434,12 @@ class PlanArgs:
     _entry: tuple[Any, Any, Any] | None = field(default=None, repr=False)
 
     def get(self, plan: Plan, views: tuple[Tensor, ...]) -> Any:
+        if getattr(plan, "captured", False):
+            # A call being captured: its tables and workspace are temporaries of the capture's
+            # memory pool, freed when the call returns. Keeping them here would pin them (torch
+            # .compile's cudagraph trees then refuse the graph: "tensor(s) in the cudagraph pool
+            # not tracked as outputs").
+            return self.derive(plan, views)
         entry = self._entry
         if entry is not None and entry[0] is plan and entry[1] is views:
             return entry[2]

@@ -211,6 +211,17 @@ def test_plan_args_are_bound_once_per_plan_and_views() -> None:
     assert bound.get(plan_a, (torch.zeros(1),)) == 4  # other views: derived again
 
 
+def test_plan_args_keep_nothing_of_a_captured_call() -> None:
+    """A captured call's plan and views are temporaries of the capture's pool: never cached
+    (cudagraph trees refuse a graph whose pool holds tensors that outlive the call)."""
+    made = []
+    bound = backends.PlanArgs(lambda plan, views: made.append(plan) or len(made))
+    captured = type("CapturedPlan", (), {"captured": True})()
+    views = (torch.zeros(1),)
+    assert bound.get(captured, views) == 1 and bound.get(captured, views) == 2
+    assert bound._entry is None
+
+
 def test_kernel_launchers_pass_the_documented_arguments() -> None:
     """Each kernel backend's launch: the pre-pass, then its attention kernel, with the
     arguments of docs/design.md (derived once per plan and views)."""
