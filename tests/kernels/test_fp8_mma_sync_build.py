@@ -15,12 +15,9 @@ sm_90a and read back from the binary (no GPU needed; nvcc and cuobjdump are):
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
+import binary_tools as bt
 import pytest
 
 KERNEL = "attention_fp8_kernel"
@@ -34,11 +31,6 @@ QMMA_PER_TILE = 8 * 4 + 16 * 2  # QK^T + PV of one 64-key tile
 P_PACK = "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C"
 
 
-def _cuobjdump(*args: str) -> str:
-    exe = shutil.which("cuobjdump")
-    if exe is None:
-        pytest.skip("cuobjdump not found (CUDA toolkit or pip nvidia-cuda-cuobjdump)")
-    return subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -48,57 +40,26 @@ def builds() -> dict[str, Path]:
     return {arch: Path(build_module(KernelConfig("fp8", arch=arch))) for arch in ARCHS}
 
 
-def _resources(so: Path) -> dict[str, int]:
-    lines = _cuobjdump("--dump-resource-usage", str(so)).splitlines()
-    for i, line in enumerate(lines):
-        if "Function" in line and KERNEL in line:
-            fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", lines[i + 1]))
-            return {key: int(value) for key, value in fields.items()}
-    raise AssertionError(f"{KERNEL} not in the resource usage of {so}")
 
 
-def _sass(so: Path) -> str:
-    blocks = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", str(so)))
-    mine = [b for b in blocks if KERNEL in b.split("\n", 1)[0]]
-    assert len(mine) == 1, f"expected one SASS function named *{KERNEL}*, found {len(mine)}"
-    return mine[0]
 
 
-def _max_threads(so: Path) -> tuple[int, ...]:
-    text = _cuobjdump("-elf", str(so))
-    section = re.search(r"^\.nv\.info\.\S*" + KERNEL + r"\S*[ \t]*\n(.*?)(?:^\.|\Z)", text,
-                        re.S | re.M)
-    assert section, f"no .nv.info section of {KERNEL}"
-    m = re.search(r"EIATTR_MAX_THREADS\s*\n\s*Format:\s*\S+\s*\n\s*Value:\s*([0-9a-fx ]+)",
-                  section.group(1))
-    assert m, f"{KERNEL} has no EIATTR_MAX_THREADS (no __launch_bounds__?)"
-    return tuple(int(x, 16) for x in m.group(1).split())
 
 
-def _ptxas_report(so: Path) -> str:
-    text = (so.parent / "build.log").read_text()
-    m = re.search(r"Compiling entry function '\S*" + KERNEL + r"\S*'.*?\n(.*?Used \d+ registers)",
-                  text, re.S)
-    assert m, f"no ptxas report of {KERNEL} in the build log"
-    return m.group(1)
 
 
-def _load(so: Path) -> Any:
-    import tvm_ffi
-
-    return tvm_ffi.load_module(str(so))
 
 
 @pytest.mark.nvcc
 def test_sm120a_resources(builds: dict[str, Path]) -> None:
     so = builds["sm_120a"]
-    res = _resources(so)
+    res = bt.resources(so, KERNEL)
     print(f"[sm_120a] {KERNEL}: {res}")
     assert res["REG"] <= MAX_REGISTERS
     assert res["STACK"] == 0 and res["LOCAL"] == 0
-    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
-    assert _max_threads(so) == (THREADS, 1, 1)
-    dynamic = int(_load(so).attention_fp8_mma_sync_smem_bytes())
+    assert "0 bytes spill stores, 0 bytes spill loads" in bt.ptxas_report(so, KERNEL)
+    assert bt.max_threads(so, KERNEL) == (THREADS, 1, 1)
+    dynamic = int(bt.load(so).attention_fp8_mma_sync_smem_bytes())
     print(f"[sm_120a] dynamic shared memory {dynamic} B, static {res['SHARED']} B")
     assert 0 < dynamic <= MAX_DYNAMIC_SMEM
     assert dynamic + res["SHARED"] <= SM_SMEM
@@ -106,7 +67,7 @@ def test_sm120a_resources(builds: dict[str, Path]) -> None:
 
 @pytest.mark.nvcc
 def test_sm120a_both_products_on_fp8_tensor_cores(builds: dict[str, Path]) -> None:
-    sass = _sass(builds["sm_120a"])
+    sass = bt.sass(builds["sm_120a"], KERNEL)
     assert sass.count(QMMA) == QMMA_PER_TILE
     assert sass.count(P_PACK) >= 16  # 32 P codes per lane and tile, two per cvt
     assert "HMMA" not in sass
@@ -116,12 +77,12 @@ def test_sm120a_both_products_on_fp8_tensor_cores(builds: dict[str, Path]) -> No
 @pytest.mark.nvcc
 def test_sm90a_same_source_lowered_by_ptxas(builds: dict[str, Path]) -> None:
     so = builds["sm_90a"]
-    res = _resources(so)
+    res = bt.resources(so, KERNEL)
     print(f"[sm_90a] {KERNEL}: {res}")
     assert res["REG"] <= MAX_REGISTERS
     assert res["STACK"] == 0 and res["LOCAL"] == 0
-    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
-    sass = _sass(so)
+    assert "0 bytes spill stores, 0 bytes spill loads" in bt.ptxas_report(so, KERNEL)
+    sass = bt.sass(so, KERNEL)
     assert "QMMA" not in sass
     assert sass.count("HMMA.16816.F32") == 2 * QMMA_PER_TILE
     assert "F2FP.F16.E4M3.UNPACK_B" in sass
@@ -130,7 +91,7 @@ def test_sm90a_same_source_lowered_by_ptxas(builds: dict[str, Path]) -> None:
 
 @pytest.mark.nvcc
 def test_module_exports(builds: dict[str, Path]) -> None:
-    mod = _load(builds["sm_120a"])
+    mod = bt.load(builds["sm_120a"])
     for name in ("quantize_fp8", "attention_fp8_mma_sync", "attention_fp8_mma_sync_smem_bytes"):
         assert hasattr(mod, name), name
 

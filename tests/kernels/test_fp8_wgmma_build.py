@@ -14,10 +14,9 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
+import binary_tools as bt
 import pytest
 
 pytestmark = pytest.mark.nvcc
@@ -28,11 +27,6 @@ MAX_SMEM = 227 * 1024  # H100/H200 opt-in per block
 MAX_SPILL_BYTES = 16
 
 
-def _cuobjdump(*args: str) -> str:
-    exe = shutil.which("cuobjdump")
-    if exe is None:
-        pytest.skip("cuobjdump not found (CUDA toolkit or pip nvidia-cuda-cuobjdump)")
-    return subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -42,23 +36,12 @@ def so() -> Path:
     return Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a")))
 
 
-def _sass(so: Path) -> str:
-    blocks = re.split(r"\n\s*Function : ", _cuobjdump("--dump-sass", str(so)))
-    mine = [b for b in blocks if KERNEL in b.split("\n", 1)[0]]
-    assert len(mine) == 1, f"expected one SASS function named *{KERNEL}*, found {len(mine)}"
-    return mine[0]
 
 
-def _ptxas_report(so: Path) -> str:
-    text = (so.parent / "build.log").read_text()
-    m = re.search(r"Compiling entry function '\S*" + KERNEL + r"\S*'.*?\n(.*?Used \d+ registers)",
-                  text, re.S)
-    assert m, f"no ptxas report of {KERNEL} in the build log"
-    return m.group(1)
 
 
 def test_both_products_on_fp8_wgmma(so: Path) -> None:
-    sass = _sass(so)
+    sass = bt.sass(so, KERNEL)
     ss = [line for line in sass.splitlines() if QGMMA in line and "gdesc" in line.split(QGMMA)[1]
           and re.search(QGMMA + r" R\d+, gdesc", line)]
     rs = [line for line in sass.splitlines() if re.search(QGMMA + r" R\d+, R\d+, gdesc", line)]
@@ -71,13 +54,11 @@ def test_both_products_on_fp8_wgmma(so: Path) -> None:
 
 
 def test_resources(so: Path) -> None:
-    report = _ptxas_report(so)
+    report = bt.ptxas_report(so, KERNEL)
     print(report)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
     assert spills and max(spills) <= MAX_SPILL_BYTES, report
-    import tvm_ffi
-
-    smem = int(tvm_ffi.load_module(str(so)).attention_fp8_wgmma_smem_bytes())
+    smem = int(bt.load(so).attention_fp8_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
 
 

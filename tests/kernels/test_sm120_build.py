@@ -17,12 +17,9 @@ Needs nvcc (and cuobjdump, from the CUDA toolkit or the pip ``nvidia-cuda-cuobjd
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
+import binary_tools as bt
 import pytest
 
 KERNEL = "attention_nvfp4_kernel"
@@ -35,12 +32,6 @@ OMMA = "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"
 OMMA_PER_TILE = 2 * 2 * 16  # (QK^T, PV) x 2 k64 steps x 16 n8 tiles
 
 
-def _cuobjdump(*args: str) -> str:
-    exe = shutil.which("cuobjdump")
-    if exe is None:
-        pytest.skip("cuobjdump not found (CUDA toolkit or pip nvidia-cuda-cuobjdump)")
-    proc = subprocess.run([exe, *args], capture_output=True, text=True, check=True)
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -50,62 +41,27 @@ def builds() -> dict[str, Path]:
     return {arch: Path(build_module(KernelConfig("nvfp4", arch=arch))) for arch in ARCHS}
 
 
-def _kernel_resources(so: Path) -> dict[str, int]:
-    text = _cuobjdump("--dump-resource-usage", str(so))
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if "Function" in line and KERNEL in line:
-            fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", lines[i + 1]))
-            return {key: int(value) for key, value in fields.items()}
-    raise AssertionError(f"{KERNEL} not in the resource usage of {so}:\n{text[:2000]}")
 
 
-def _kernel_sass(so: Path) -> str:
-    text = _cuobjdump("--dump-sass", str(so))
-    blocks = re.split(r"\n\s*Function : ", text)
-    mine = [b for b in blocks if b.split("\n", 1)[0].strip().find(KERNEL) >= 0]
-    assert len(mine) == 1, f"expected one SASS function named *{KERNEL}*, found {len(mine)}"
-    return mine[0]
 
 
-def _max_threads(so: Path) -> tuple[int, ...]:
-    text = _cuobjdump("-elf", str(so))
-    # The section itself (a line of its own), not its entry in the section header table.
-    section = re.search(r"^\.nv\.info\.\S*" + KERNEL + r"\S*[ \t]*\n(.*?)(?:^\.|\Z)", text,
-                        re.S | re.M)
-    assert section, f"no .nv.info section of {KERNEL}"
-    m = re.search(r"EIATTR_MAX_THREADS\s*\n\s*Format:\s*\S+\s*\n\s*Value:\s*([0-9a-fx ]+)",
-                  section.group(1))
-    assert m, f"{KERNEL} has no EIATTR_MAX_THREADS (no __launch_bounds__?)"
-    return tuple(int(x, 16) for x in m.group(1).split())
 
 
-def _ptxas_report(so: Path) -> str:
-    log = so.parent / "build.log"
-    text = log.read_text()
-    m = re.search(r"Compiling entry function '\S*" + KERNEL + r"\S*'.*?\n(.*?Used \d+ registers)",
-                  text, re.S)
-    assert m, f"no ptxas report of {KERNEL} in {log}"
-    return m.group(1)
 
 
-def _load(so: Path) -> Any:
-    import tvm_ffi
-
-    return tvm_ffi.load_module(str(so))
 
 
 @pytest.mark.nvcc
 def test_sm120a_resources(builds: dict[str, Path]) -> None:
     so = builds["sm_120a"]
-    res = _kernel_resources(so)
+    res = bt.resources(so, KERNEL)
     print(f"[sm_120a] {KERNEL}: {res}")
     assert res["REG"] <= MAX_REGISTERS
     assert res["STACK"] == 0
     assert res["LOCAL"] == 0
-    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
-    assert _max_threads(so) == (THREADS, 1, 1)
-    dynamic = int(_load(so).attention_nvfp4_smem_bytes())
+    assert "0 bytes spill stores, 0 bytes spill loads" in bt.ptxas_report(so, KERNEL)
+    assert bt.max_threads(so, KERNEL) == (THREADS, 1, 1)
+    dynamic = int(bt.load(so).attention_nvfp4_smem_bytes())
     print(f"[sm_120a] dynamic shared memory {dynamic} B, static {res['SHARED']} B")
     assert 0 < dynamic <= MAX_DYNAMIC_SMEM
     assert dynamic + res["SHARED"] <= SM_SMEM
@@ -113,7 +69,7 @@ def test_sm120a_resources(builds: dict[str, Path]) -> None:
 
 @pytest.mark.nvcc
 def test_sm120a_both_products_on_fp4_tensor_cores(builds: dict[str, Path]) -> None:
-    sass = _kernel_sass(builds["sm_120a"])
+    sass = bt.sass(builds["sm_120a"], KERNEL)
     assert sass.count(OMMA) == OMMA_PER_TILE
     assert "HMMA" not in sass
     assert "LDL" not in sass and "STL" not in sass
@@ -122,19 +78,19 @@ def test_sm120a_both_products_on_fp4_tensor_cores(builds: dict[str, Path]) -> No
 @pytest.mark.nvcc
 def test_sm90a_emulation_builds_without_local_memory(builds: dict[str, Path]) -> None:
     so = builds["sm_90a"]
-    res = _kernel_resources(so)
+    res = bt.resources(so, KERNEL)
     print(f"[sm_90a] {KERNEL}: {res}")
     assert res["STACK"] == 0
     assert res["LOCAL"] == 0
-    assert "0 bytes spill stores, 0 bytes spill loads" in _ptxas_report(so)
-    sass = _kernel_sass(so)
+    assert "0 bytes spill stores, 0 bytes spill loads" in bt.ptxas_report(so, KERNEL)
+    sass = bt.sass(so, KERNEL)
     assert "OMMA" not in sass
     assert "HMMA.16816.F32" in sass
 
 
 @pytest.mark.nvcc
 def test_module_exports(builds: dict[str, Path]) -> None:
-    mod = _load(builds["sm_120a"])
+    mod = bt.load(builds["sm_120a"])
     for name in ("quantize_nvfp4", "attention_nvfp4", "attention_nvfp4_smem_bytes"):
         assert hasattr(mod, name), name
     # The MMA probe is test-only: its own module (nvfp4_mma_probe), never in the production .so.
@@ -146,10 +102,9 @@ def test_probe_module_holds_only_the_probe() -> None:
     from flashinfer_h3.jit import KernelConfig, build_module
 
     so = build_module(KernelConfig("nvfp4_mma_probe", arch="sm_120a"))
-    mod = _load(so)
+    mod = bt.load(so)
     assert hasattr(mod, "mma_nvfp4_probe") and not hasattr(mod, "attention_nvfp4")
-    sass = subprocess.run(["cuobjdump", "--dump-sass", str(so)], capture_output=True, text=True,
-                          check=True).stdout
+    sass = bt.cuobjdump("--dump-sass", str(so))
     assert "mma_probe_kernel" in sass and "attention_nvfp4_kernel" not in sass
     assert "OMMA" in sass  # the native layer on sm_120a
 
