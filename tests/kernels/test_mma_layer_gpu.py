@@ -1,14 +1,14 @@
 """GPU test of the block-scaled FP4 MMA layer (attention/mma_sync/mma_fp4_sm120.cuh native,
 mma_fp4_sm90_emulated.cuh on Hopper).
 
-The test-only module ``nvfp4_mma_probe`` (templates/mma_probe_nvfp4.cu.jinja, never part of
-the production nvfp4 .so) exports ``mma_nvfp4_probe``, which runs one m16n8k64 product per warp
-for every selector pair the attention kernel uses (thread-id-a in {0, 1} x thread-id-b in
-{0..3}). Each warp builds its fragments from row-major matrices as the PTX ISA lays them out and puts the scale
+The test-only module ``nvfp4_mma_probe`` (templates/mma_probe_nvfp4.cu.jinja, never part of the
+production nvfp4 .so) exports ``mma_nvfp4_probe``, which runs one m16n8k64 product per warp for
+every selector pair the attention kernel uses (thread-id-a in {0, 1} x thread-id-b in {0..3}). Each
+warp builds its fragments from row-major matrices as the PTX ISA lays them out and puts the scale
 words only in the lanes the selectors name; every other lane holds an E4M3 NaN (0x7F bytes), so a
 layer that reads a scale from a wrong lane returns NaN, and one that uses a wrong byte or a wrong
-code placement returns a wrong product. The products are compared with an FP64 torch matmul of
-the dequantized operands (exact), within the FP32 accumulation error.
+code placement returns a wrong product. The products are compared with an FP64 torch matmul of the
+dequantized operands (exact), within the FP32 accumulation error.
 """
 
 from __future__ import annotations
