@@ -31,23 +31,11 @@ QMMA_PER_TILE = 8 * 4 + 16 * 2  # QK^T + PV of one 64-key tile
 P_PACK = "F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C"
 
 
-
-
 @pytest.fixture(scope="module")
 def builds() -> dict[str, Path]:
     from flashinfer_h3.jit import KernelConfig, build_module
 
     return {arch: Path(build_module(KernelConfig("fp8", arch=arch))) for arch in ARCHS}
-
-
-
-
-
-
-
-
-
-
 
 
 @pytest.mark.nvcc

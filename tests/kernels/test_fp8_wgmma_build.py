@@ -27,17 +27,11 @@ MAX_SMEM = 227 * 1024  # H100/H200 opt-in per block
 MAX_SPILL_BYTES = 16
 
 
-
-
 @pytest.fixture(scope="module")
 def so() -> Path:
     from flashinfer_h3.jit import KernelConfig, build_module
 
     return Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a")))
-
-
-
-
 
 
 def test_both_products_on_fp8_wgmma(so: Path) -> None:

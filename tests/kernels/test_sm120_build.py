@@ -32,23 +32,11 @@ OMMA = "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"
 OMMA_PER_TILE = 2 * 2 * 16  # (QK^T, PV) x 2 k64 steps x 16 n8 tiles
 
 
-
-
 @pytest.fixture(scope="module")
 def builds() -> dict[str, Path]:
     from flashinfer_h3.jit import KernelConfig, build_module
 
     return {arch: Path(build_module(KernelConfig("nvfp4", arch=arch))) for arch in ARCHS}
-
-
-
-
-
-
-
-
-
-
 
 
 @pytest.mark.nvcc
