@@ -73,6 +73,9 @@ WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "fp8")
 
 #: ``launch(q, k, v, out, softmax_scale, bounds, plan, views)``: one call's work on torch's
 #: current stream. ``plan`` and ``views`` are None / () for a backend without a workspace.
+#: A kernel backend's launch also has ``launch.attention_only`` (same arguments): its attention
+#: kernel alone, reading the operands an earlier launch's pre-pass left in ``views`` (benchmarks
+#: time it as "kernel only").
 Launch = Callable[..., None]
 #: ``make_launcher(module, backend) -> Launch``: ``module`` is the loaded JIT module (None for a
 #: backend without one).
@@ -466,6 +469,12 @@ def prepass_attention_launcher(quantize: Callable[..., None], attention: Callabl
         quantize(q, k, v, *quantize_args)
         attention(out, *attention_args, scale, *tail)
 
+    def attention_only(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+                       bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
+        _, attention_args, tail = bound.get(plan, views)
+        attention(out, *attention_args, scale, *tail)
+
+    launch.attention_only = attention_only  # type: ignore[attr-defined]
     return launch
 
 

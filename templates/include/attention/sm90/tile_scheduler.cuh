@@ -22,6 +22,7 @@ struct WorkItem {
   int seg_len;    // its length: keys [seg_begin, seg_begin + seg_len)
   int vcol0;      // its first padded column of the transposed V
   int kblock0;    // canonical index of its first 128-key block (FP8 K scales)
+  int canonical;  // the block's canonical index (NVFP4 qbar)
 };
 
 struct PlanTables {
@@ -48,6 +49,7 @@ __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
   it.seg_len = __ldg(t.seg_bounds + it.segment + 1) - it.seg_begin;
   it.vcol0 = __ldg(t.vkey_start + it.segment);
   it.kblock0 = __ldg(t.qblock_start + it.segment);
+  it.canonical = __ldg(b + 3);
   return it;
 }
 
