@@ -6,9 +6,14 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
   shared memory (QK^T, 4 k32 steps) and 8 with A = P from registers (PV) per consumer
   warpgroup's code path (the two consumers are separate instantiations), no HGMMA/HMMA;
 - the roles' register split (``USETMAXREG``), 384 threads, one CTA per SM of shared memory;
-- the local-memory use that remains: ptxas keeps four item-setup values of consumer 1 in 16
-  bytes of stack (read once per 128-row item, never in the tile loop). The issue asks for none;
-  this test pins the figure so that any growth (a spill in the tile loop) fails it.
+- no local memory: 0 bytes of stack frame and of spill stores / loads in ptxas' report, STACK and
+  LOCAL 0 in the resource usage, no LDL / STL in the SASS. The consumers' 240 registers have none
+  to spare (fp8_kernel.cuh, Schedule), so a value newly held across the tile loop shows up here.
+
+Only the default build is checked (``consumer_schedule`` 0, the fused schedule, and
+``poly_exp2_every`` 16; the fused schedule has no local memory at 0, 4, 8 and 32 either). The
+non-default ``consumer_schedule`` 2 (kOverlapped, an experiment kept for comparison) is allowed to
+spill and is not built here.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ pytestmark = pytest.mark.nvcc
 KERNEL = "attention_fp8_wgmma_kernel"
 QGMMA = "QGMMA.64x128x32.F32.E4M3.E4M3"
 MAX_SMEM = 227 * 1024  # H100/H200 opt-in per block
-MAX_SPILL_BYTES = 16
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +54,14 @@ def test_both_products_on_fp8_wgmma(so: Path) -> None:
 def test_resources(so: Path) -> None:
     report = bt.ptxas_report(so, KERNEL)
     print(report)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-    assert spills and max(spills) <= MAX_SPILL_BYTES, report
+    no_local = r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert re.search(no_local, report), report
+    res = bt.resources(so, KERNEL)
+    print(f"{KERNEL}: {res}")
+    assert res["STACK"] == 0 and res["LOCAL"] == 0, res
+    local = [line.strip() for line in bt.sass(so, KERNEL).splitlines()
+             if re.search(r"\b(?:LDL|STL)\b", line)]
+    assert not local, "local-memory accesses in the SASS:\n" + "\n".join(local[:20])
     smem = int(bt.load(so).attention_fp8_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
 
