@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device session on an H200: every GPU test, the benchmarks and the sanitizers, logs in $OUT.
-# Usage (from the repository root, with the tvm-ffi cp312 wheel in .whl/ when it is not installed):
+# Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
+# sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
+# .whl/ is git-ignored, so a device run must carry it):
 #   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; not part of all)
 set -uo pipefail
@@ -50,12 +52,12 @@ if [[ $what == all || $what == bench ]]; then
         timeout 90 python3 benchmarks/bench_quantize.py --heads 56 \
             --bounds 0 30720 46080 55296 59392 60928 61261
         timeout 60 python3 benchmarks/bench_host_overhead.py
-        for preset in h3-10s h3-15s-sp4 h3-mix; do
-            timeout 120 python3 -m flashinfer_h3 bench --op nvfp4 --preset "$preset" --iters 3 \
-                --json "$OUT/bench_$preset.json"
-            timeout 120 python3 -m flashinfer_h3 bench --op fp8 --preset "$preset" --iters 3 \
-                --json "$OUT/bench_fp8_$preset.json"
-        done
+        # Both operators (the default op set; a kernel backend also gets its "kernel only" row)
+        # and every importable peer (SageAttention, cuDNN FP8) on the three MiniMax-H3 presets,
+        # in one process: one JSON and one plot.
+        timeout ${BENCH_TIMEOUT:-420} python3 -m flashinfer_h3 bench \
+            --preset h3-10s,h3-15s-sp4,h3-mix --iters 3 \
+            --json "$OUT/bench.json" --plot "$OUT/bench.png"
     } 2>&1 | tee "$OUT/bench.log"
 fi
 

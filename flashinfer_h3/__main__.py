@@ -5,7 +5,8 @@
 - ``check``: each operator on a small random input against the reference and the FP32 oracle
   (without a GPU: the reference against the oracle).
 - ``bench``: the MiniMax-H3 attention shapes on the present GPU, side by side with PyTorch's
-  cuDNN and flash BF16 attention (without a GPU: the reference on a small preset).
+  cuDNN and flash BF16 attention; for a kernel backend both the whole call and its attention
+  kernel alone (without a GPU: the reference on a small preset).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -493,6 +494,24 @@ def _peer_names() -> list[str]:
     return names
 
 
+KERNEL_ONLY_NOTE = "'kernel only': the pre-pass excluded"
+
+
+@dataclass
+class _Measurement:
+    """One row of a preset: ``run()`` is what is timed, ``to_packed(run())`` the packed output
+    that the accuracy column compares with the oracle. ``prime`` (untimed) runs right before
+    this row's first call; ``check(output of the accuracy call)`` adds keys to the row, as
+    ``fields`` does."""
+
+    label: str
+    run: Callable[[], Any]
+    to_packed: Callable[[Any], Any]
+    prime: Callable[[], None] | None = None
+    check: Callable[[Any], dict[str, Any]] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 def _bench_result(label: str, ms: float | None, flops: float, rel: float | None,
                   error: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -555,7 +574,8 @@ def _bench_cpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     impls = [f"flashinfer_h3 {op}" for op in ops] + _peer_names()
     _print(
         "bench: no CUDA GPU visible. On a GPU this command times "
-        f"{', '.join(impls)} on preset(s) {', '.join(names if args.preset else [DEFAULT_PRESET])}."
+        f"{', '.join(impls)} on preset(s) {', '.join(names if args.preset else [DEFAULT_PRESET])}"
+        f"; for a kernel backend also its attention kernel alone ({KERNEL_ONLY_NOTE})."
     )
     too_big = [n for n in names if n != "small"]
     if too_big:
@@ -610,13 +630,19 @@ def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     device = torch.device("cuda")
     gpu_name = torch.cuda.get_device_name(device)
     cap = torch.cuda.get_device_capability(device)
-    impls = [f"flashinfer_h3 {op}" for op in ops] + _peer_names()
+    impls = []
+    for op in ops:
+        impls.append(f"flashinfer_h3 {op}")
+        prepared = benchtools.kernel_only_backend(op, device)
+        if prepared is not None:
+            impls.append(benchtools.kernel_only_label(op, prepared.name))
+    impls += _peer_names()
     total = len(names) * len(impls)
     _print(
         f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
         f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
-        f"after {args.warmup} warm-up, whole call; accuracy: relative L2 vs the FP32 oracle on "
-        f"up to {benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
+        f"after {args.warmup} warm-up, whole call ({KERNEL_ONLY_NOTE}); accuracy: relative L2 "
+        f"vs the FP32 oracle on up to {benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
     )
     runs: list[dict[str, Any]] = []
     progress = [0, total]
@@ -641,38 +667,58 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
     q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), args.seed)
     oracle = benchtools.sampled_oracle(q, k, v, bounds, seed=args.seed)
     out = torch.empty_like(q)
-    rows: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = []
+    rows: list[_Measurement] = []
     for op in ops:
         fn = _operator(op)
-        rows.append((
+        rows.append(_Measurement(
             f"flashinfer_h3 {op} [{_backend_label(op)}]",
             lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds),
             lambda result: result,
+            fields={"op": op, "scope": benchtools.WHOLE_CALL},
         ))
+        # The attention kernel alone (kernel backends only), right after the whole call: one
+        # untimed whole call with the same plan and workspace, then only the attention kernel.
+        kernel = benchtools.kernel_only_peer(op, q, k, v, bounds, out)
+        if kernel is not None:
+            rows.append(_Measurement(
+                kernel.label, kernel.run, lambda result: result, prime=kernel.prime,
+                check=lambda result, kernel=kernel: {
+                    "matches_whole_call": kernel.matches_whole_call(result)},
+                fields={"op": op, "scope": benchtools.KERNEL_ONLY, "backend": kernel.backend},
+            ))
     for label, backend in (("torch SDPA cuDNN bf16", SDPBackend.CUDNN_ATTENTION),
                            ("torch SDPA flash bf16", SDPBackend.FLASH_ATTENTION)):
-        rows.append((label, *benchtools.sdpa_peer(q, k, v, bounds, backend)))
+        rows.append(_Measurement(label, *benchtools.sdpa_peer(q, k, v, bounds, backend)))
     if benchtools.sageattention_available():
-        rows.append(("SageAttention", *benchtools.sageattention_peer(q, k, v, bounds)))
+        rows.append(_Measurement("SageAttention",
+                                 *benchtools.sageattention_peer(q, k, v, bounds)))
     if benchtools.cudnn_frontend_available():
         try:
             fp8_peer = benchtools.cudnn_fp8_peer(q, k, v, bounds)
-            rows.append(("cuDNN fp8 (kernel, fp8 out)", *fp8_peer))
+            rows.append(_Measurement("cuDNN fp8 (kernel, fp8 out)", *fp8_peer))
         except Exception as exc:  # graph build: an unsupported shape or cuDNN version
             _print(f"  cuDNN fp8 peer unavailable: {type(exc).__name__}: {str(exc)[:160]}")
     results: list[dict[str, Any]] = []
-    for label, fn, to_packed in rows:
+    for m in rows:
         progress[0] += 1
-        step = f"[{progress[0]}/{progress[1]}] {preset_name} {label}"
+        step = f"[{progress[0]}/{progress[1]}] {preset_name} {m.label}"
         try:
-            rel = oracle.rel_l2(to_packed(fn()))  # one untimed call: the accuracy column
-            ms = _time_cuda(fn, args.iters, args.warmup)
-            row = _bench_result(label, ms, flops, rel)
-            _print(f"  {step}: {ms:.3f} ms, {row['tflops']:.1f} TFLOP/s, rel L2 {rel:.4f}")
+            if m.prime is not None:
+                m.prime()
+            result = m.run()  # one untimed call: the accuracy column
+            rel = oracle.rel_l2(m.to_packed(result))
+            extra = m.check(result) if m.check is not None else {}
+            ms = _time_cuda(m.run, args.iters, args.warmup)
+            row = _bench_result(m.label, ms, flops, rel)
+            note = "" if extra.get("matches_whole_call", True) else (
+                " (WARNING: its output differs from the whole call's)")
+            _print(f"  {step}: {ms:.3f} ms, {row['tflops']:.1f} TFLOP/s, rel L2 {rel:.4f}{note}")
         except Exception as exc:  # a peer backend may be unavailable on this build/GPU
             error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
-            row = _bench_result(label, None, flops, None, error)
+            row, extra = _bench_result(m.label, None, flops, None, error), {}
             _print(f"  {step}: n/a ({error})")
+        row.update(m.fields)
+        row.update(extra)
         results.append(row)
     _print_table(results)
     return _run_record(preset_name, preset, results)
@@ -681,19 +727,43 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
 def _print_table(results: list[dict[str, Any]]) -> None:
     peers = {r["name"]: r["ms"] for r in results}
     cudnn, flash = peers.get("torch SDPA cuDNN bf16"), peers.get("torch SDPA flash bf16")
+    w = max([24] + [len(r["name"]) for r in results])
     _print(
-        f"  {'':24s} {'ms':>9s} {'TFLOP/s':>9s} {'x cuDNN':>8s} {'x flash':>8s} {'rel L2':>8s}"
+        f"  {'':{w}s} {'ms':>9s} {'TFLOP/s':>9s} {'x cuDNN':>8s} {'x flash':>8s} {'rel L2':>8s}"
     )
     for r in results:
         if r["ms"] is None:
-            _print(f"  {r['name']:24s} n/a ({r['error']})")
+            _print(f"  {r['name']:{w}s} n/a ({r['error']})")
             continue
         r["vs_cudnn"] = cudnn / r["ms"] if cudnn else None
         r["vs_flash"] = flash / r["ms"] if flash else None
         ratio = "  ".join(
             f"{x:8.2f}" if x else f"{'n/a':>8s}" for x in (r["vs_cudnn"], r["vs_flash"])
         )
-        _print(f"  {r['name']:24s} {r['ms']:9.3f} {r['tflops']:9.1f} {ratio} {r['rel_l2']:8.4f}")
+        _print(f"  {r['name']:{w}s} {r['ms']:9.3f} {r['tflops']:9.1f} {ratio} {r['rel_l2']:8.4f}")
+    for line in _prepass_lines(results):
+        _print(line)
+
+
+def _prepass_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per operator with both measurements: what the whole call spends beyond the kernel."""
+    from .benchtools import KERNEL_ONLY, WHOLE_CALL
+
+    lines = []
+    for kernel in results:
+        if kernel.get("scope") != KERNEL_ONLY or not kernel.get("ms"):
+            continue
+        whole = next((r for r in results if r.get("scope") == WHOLE_CALL
+                      and r.get("op") == kernel["op"] and r.get("ms")), None)
+        if whole is None:
+            continue
+        extra = whole["ms"] - kernel["ms"]
+        lines.append(
+            f"  {kernel['op']} [{kernel['backend']}]: the whole call takes {whole['ms']:.3f} ms, "
+            f"its attention kernel {kernel['ms']:.3f} ms: pre-pass and host work {extra:.3f} ms "
+            f"({100 * extra / whole['ms']:.0f}% of the call)"
+        )
+    return lines
 
 
 def _write_outputs(args: argparse.Namespace, device: str, runs: list[dict[str, Any]]) -> None:
@@ -732,9 +802,11 @@ BENCH_EPILOG = """presets:
 """ + "\n".join(f"  {name:11s} {preset.about}" for name, preset in PRESETS.items()) + """
 
 Each measurement is the median of --iters timed calls (CUDA events, whole call) after --warmup
-untimed ones, with the relative L2 error against the FP32 oracle on sampled rows. TFLOP/s =
-4 * sum(L^2) * heads * 128 / time. Optional peers (SageAttention) and --plot need the bench
-extra: pip install 'flashinfer-h3[bench]'."""
+untimed ones, with the relative L2 error against the FP32 oracle on sampled rows. A kernel
+backend gets a second row, "kernel only (no pre-pass)": its attention kernel alone, timed after
+one whole call has left that input's quantized operands in the workspace; its accuracy comes
+from the kernel-only output. TFLOP/s = 4 * sum(L^2) * heads * 128 / time. Optional peers
+(SageAttention, cuDNN FP8) and --plot need the bench extra: pip install 'flashinfer-h3[bench]'."""
 
 
 def build_parser() -> argparse.ArgumentParser:

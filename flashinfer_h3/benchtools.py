@@ -1,10 +1,12 @@
 """Helpers of ``python -m flashinfer_h3 bench``: the sampled FP32 oracle of the accuracy column,
-the optional peers, and the PNG plot. No GPU needed to import; torch is imported lazily."""
+the kernel-only measurement of our kernel backends, the optional peers, and the PNG plot. No GPU
+needed to import; torch is imported lazily."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +69,122 @@ def sampled_oracle(q: Any, k: Any, v: Any, bounds: Sequence[int], *, seed: int =
 
 
 # ---------------------------------------------------------------------------------------------
+# kernel only: the attention kernel of our kernel backends alone, pre-pass excluded
+# ---------------------------------------------------------------------------------------------
+
+#: The ``scope`` of our rows in the JSON: the whole call (pre-pass, attention kernel, host work)
+#: or the attention kernel alone.
+WHOLE_CALL, KERNEL_ONLY = "whole call", "kernel only"
+
+
+def kernel_only_label(op: str, backend: str) -> str:
+    """``flashinfer_h3 fp8 [wgmma_fp8] kernel only (no pre-pass)``: the row of the attention
+    kernel alone, next to the whole call's ``flashinfer_h3 fp8 [wgmma_fp8 (kernel)]``."""
+    return f"flashinfer_h3 {op} [{backend}] {KERNEL_ONLY} (no pre-pass)"
+
+
+def kernel_only_backend(op: str, device: Any) -> Any | None:
+    """The prepared backend (:class:`flashinfer_h3.backends.Prepared`) that a call of ``op`` on
+    ``device`` runs, when it can time its attention kernel alone (a kernel backend: its launch
+    has ``attention_only`` and it has a workspace); None for the reference and where no backend
+    runs (the whole call's row reports why)."""
+    from . import diffusion_ops
+
+    try:
+        prepared = diffusion_ops._backend(op, device)  # what the operator's call uses
+    except (ValueError, RuntimeError):
+        return None
+    if prepared.workspace is None or getattr(prepared.launch, "attention_only", None) is None:
+        return None
+    return prepared
+
+
+@dataclass(eq=False)
+class KernelOnly:
+    """The attention kernel of a kernel backend alone, on one input.
+
+    :meth:`prime` resolves the plan and the workspace views exactly as the operator's eager
+    call does (diffusion_ops._varlen_attention) and runs that whole call once (``launch``: the
+    pre-pass writes this input's operands into the views, then the attention kernel); it keeps
+    the whole call's output and fills ``out`` with NaN. :meth:`run` then runs only
+    ``launch.attention_only`` with the same plan and views, which reads the operands the
+    pre-pass left there and writes ``out``: the accuracy column is computed from its output,
+    and :meth:`matches_whole_call` says whether it equals the whole call's. Nothing else may
+    use the workspace between :meth:`prime` and the last :meth:`run` (the bench primes right
+    before this row's calls)."""
+
+    op: str
+    prepared: Any  # backends.Prepared
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    bounds: tuple[int, ...]
+    scale: float
+    plan: Any = None
+    views: tuple[Any, ...] = ()
+    whole_call: Any = None  # the output of prime()'s whole call
+
+    @property
+    def backend(self) -> str:
+        return str(self.prepared.name)
+
+    @property
+    def label(self) -> str:
+        return kernel_only_label(self.op, self.backend)
+
+    def prime(self) -> None:
+        import torch
+
+        from .diffusion_ops import _stream_state
+        from .plan import PLANS
+        from .workspace import eager_views, layout_for
+
+        q = self.q
+        device = q.device
+        tokens, heads = q.shape[0], q.shape[1]
+        stream, _ = _stream_state(device)
+        self.plan = PLANS.get(self.bounds, heads, device)
+        self.plan.ready(stream)
+        layout = layout_for(self.prepared.workspace, tokens, heads, len(self.bounds) - 1)
+        self.views = eager_views(layout, device, stream)
+        self.prepared.launch(q, self.k, self.v, self.out, self.scale, self.bounds, self.plan,
+                             self.views)
+        self.whole_call = self.out.clone()
+        self.out.fill_(torch.nan)  # what the accuracy column reads comes from run() alone
+
+    def run(self) -> Any:
+        if self.plan is None:
+            raise RuntimeError("KernelOnly.run before prime: the workspace holds no operands")
+        self.prepared.launch.attention_only(self.q, self.k, self.v, self.out, self.scale,
+                                            self.bounds, self.plan, self.views)
+        return self.out
+
+    def matches_whole_call(self, result: Any) -> bool:
+        """Whether ``result`` (an output of :meth:`run`) equals the primed whole call's output,
+        bit for bit; then forgets that copy."""
+        import torch
+
+        same = self.whole_call is not None and bool(torch.equal(result, self.whole_call))
+        self.whole_call = None
+        return same
+
+
+def kernel_only_peer(op: str, q: Any, k: Any, v: Any, bounds: Sequence[int], out: Any,
+                     softmax_scale: float | None = None) -> KernelOnly | None:
+    """The kernel-only measurement of ``op`` on these inputs (``out``: its output buffer, may be
+    shared with rows run before or after it), or None where the backend of ``op`` on ``q``'s
+    device has no kernel to time alone (the reference) or the input is empty."""
+    from .diffusion_ops import check_softmax_scale
+
+    prepared = kernel_only_backend(op, q.device)
+    if prepared is None or q.shape[0] == 0:
+        return None
+    return KernelOnly(op, prepared, q, k, v, out, tuple(int(b) for b in bounds),
+                      check_softmax_scale(softmax_scale))
+
+
+# ---------------------------------------------------------------------------------------------
 # peers
 # ---------------------------------------------------------------------------------------------
 
@@ -111,14 +229,23 @@ def sageattention_available() -> bool:
 
 def sageattention_peer(q: Any, k: Any, v: Any, bounds: Sequence[int]
                        ) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """SageAttention's ``sageattn`` (the installed release picks its kernel for the GPU), one
-    call per segment on ``[1, L, H, 128]`` (NHD) views."""
+    """SageAttention's ``sageattn(q, k, v, tensor_layout="NHD", is_causal=False, sm_scale=...)``
+    (the 1.x and 2.x signature; the installed release picks its kernel for the GPU), one call per
+    segment on ``[1, L, H, 128]`` (NHD) views.
+
+    SageAttention smooths K in place (``smooth_k=True``, its default: ``k -= k.mean(seq)``), so it
+    gets its own copy of ``k``, made once here and not timed: the other implementations keep
+    reading the untouched inputs. Subtracting a key mean changes no softmax row (every score of
+    a query row moves by the same amount), so the accuracy column still compares with the oracle
+    of the original inputs."""
     from sageattention import sageattn
 
+    k = k.clone()
     views = [tuple(t[a:b].unsqueeze(0) for t in (q, k, v)) for a, b in segments(bounds)]
+    scale = HEAD_DIM**-0.5  # the oracle's and the operators' default
 
     def run() -> list[Any]:
-        return [sageattn(qq, kk, vv, tensor_layout="NHD", is_causal=False)
+        return [sageattn(qq, kk, vv, tensor_layout="NHD", is_causal=False, sm_scale=scale)
                 for qq, kk, vv in views]
 
     return run, lambda outs: scatter_segments(outs, bounds, q, "NHD")
@@ -260,15 +387,19 @@ def plot(payload: dict[str, Any], path: str) -> None:
     axes[0].legend(fontsize=8, ncol=min(3, max(1, len(names))), loc="upper center",
                    bbox_to_anchor=(0.5, -0.18))
     # The accuracy column under the time panel: relative L2 vs the FP32 oracle per bar.
-    lines = []
+    # Wrapped to the figure's width (about 18 characters of 6.5 pt text per inch).
+    lines: list[str] = []
+    chars = max(60, int(fig.get_figwidth() * 18))
     for run in runs:
         cells = [f"{r['name']} {r['rel_l2']:.3f}" for r in run["results"]
                  if r.get("rel_l2") is not None]
         if cells:
-            lines.append(f"{run['preset']}: " + ", ".join(cells))
+            text = f"{run['preset']}: " + ", ".join(cells)
+            if not lines:
+                text = "relative L2 vs FP32 oracle (sampled rows) - " + text
+            lines += textwrap.wrap(text, chars, subsequent_indent="    ")
     if lines:
-        fig.text(0.01, 0.005, "relative L2 vs FP32 oracle (sampled rows) - " + "\n".join(lines),
-                 fontsize=6.5, va="bottom", ha="left")
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=6.5, va="bottom", ha="left")
     versions = payload.get("versions", {})
     title = f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}"
     sub = ", ".join(f"{k} {v}" for k, v in versions.items() if v)

@@ -1,5 +1,6 @@
 """``python -m flashinfer_h3 bench`` on a GPU: every implementation measured with its accuracy,
-progress lines, the JSON of several presets and the plot."""
+progress lines, the JSON of several presets and the plot, and the "kernel only" rows of the
+kernel backends (absent for the reference)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from flashinfer_h3 import backends, benchtools
 from flashinfer_h3.__main__ import main
 
 pytestmark = pytest.mark.gpu
@@ -50,3 +53,41 @@ def test_bench_two_presets_in_one_json(tmp_path: Path, capsys) -> None:
     data = json.loads(report.read_text())
     assert [r["preset"] for r in data["runs"]] == ["small", "h3-mix"]
     assert "preset" not in data  # several presets: only under runs
+
+
+def test_bench_kernel_only_rows(tmp_path: Path, capsys) -> None:
+    """Each operator on a kernel backend: a "kernel only" row right after its whole call, timed
+    on the attention kernel alone, with the same output (bit for bit) and so the same error."""
+    report = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "small", "--iters", "5", "--warmup", "1", "--json",
+                 str(report)]) == 0
+    out = capsys.readouterr().out
+    results = json.loads(report.read_text())["results"]
+    device = torch.device("cuda", torch.cuda.current_device())
+    for op in ("nvfp4", "fp8"):
+        prepared = backends.prepared(op, device)
+        i, whole = next((i, r) for i, r in enumerate(results)
+                        if r.get("op") == op and r.get("scope") == "whole call")
+        if not prepared.backend.is_kernel:
+            assert not any(r.get("op") == op and r.get("scope") == "kernel only"
+                           for r in results)
+            continue
+        kernel = results[i + 1]
+        assert kernel["name"] == benchtools.kernel_only_label(op, prepared.name)
+        assert kernel["scope"] == "kernel only" and kernel["backend"] == prepared.name
+        assert kernel["matches_whole_call"] is True, kernel
+        assert kernel["rel_l2"] == whole["rel_l2"], (kernel, whole)
+        assert 0 < kernel["ms"] <= whole["ms"] * 1.05, (kernel, whole)  # no pre-pass
+        assert f"{op} [{prepared.name}]: the whole call takes" in out
+
+
+def test_bench_no_kernel_only_row_for_the_reference(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FLASHINFER_H3_FP8_BACKEND", "reference")
+    report = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "small", "--op", "fp8", "--iters", "1", "--warmup", "0",
+                 "--json", str(report)]) == 0
+    results = json.loads(report.read_text())["results"]
+    assert results[0]["name"] == "flashinfer_h3 fp8 [reference (torch emulation)]"
+    assert results[0]["scope"] == "whole call" and results[0]["ms"] > 0
+    assert not any("kernel only" in r["name"] or r.get("scope") == "kernel only"
+                   for r in results)
