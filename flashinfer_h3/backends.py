@@ -11,8 +11,11 @@ Registered here (docs/design.md, "Backends"):
 name                       operator  kind        runs on (auto)                         module
 =========================  ========  ==========  =====================================  ========
 ``mma_sync_fp4``           nvfp4     kernel      sm_120a, sm_121a (auto)                nvfp4
-``mma_sync_fp4_emulated``  nvfp4     kernel      sm_90a (auto): the same source, the    nvfp4
-                                                 emulated FP4 MMA layer
+``mma_sync_fp4_emulated``  nvfp4     kernel      sm_90a: the same source, the emulated  nvfp4
+                                                 FP4 MMA layer (tests the SM120 source)
+``wgmma_fp16_nvfp4``       nvfp4     kernel      sm_90a (auto): TMA + ping-pong         nvfp4_wgmma
+                                                 warpgroups, FP16 wgmma on the exactly
+                                                 dequantised operands
 ``mma_sync_fp8``           fp8       kernel      sm_120a, sm_121a, sm_90a (auto; on     fp8
                                                  sm_90a until wgmma_fp8): the same source
 ``wgmma_fp8``              fp8       kernel      sm_90a (auto, above mma_sync_fp8): TMA   fp8_wgmma
@@ -69,7 +72,7 @@ ENV_BACKEND: dict[str, str] = {
     "fp8": "FLASHINFER_H3_FP8_BACKEND",
 }
 #: The workspace layout names of flashinfer_h3/layout.py (workspace.layout_for).
-WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "fp8")
+WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "nvfp4_fp16", "fp8")
 
 #: ``launch(q, k, v, out, softmax_scale, bounds, plan, views)``: one call's work on torch's
 #: current stream. ``plan`` and ``views`` are None / () for a backend without a workspace.
@@ -513,6 +516,30 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)
 
 
+def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:
+    """The NVFP4 pre-pass, its FP16 expansion and the Hopper NVFP4 kernel of module
+    ``nvfp4_wgmma``. The expansion and the kernel take the plan's used V columns
+    (``vkey_start[S]``): their K and V tensor maps end there."""
+    quantize, expand = module.quantize_nvfp4, module.expand_nvfp4_fp16
+
+    def prepass(q: Tensor, k: Tensor, v: Tensor, *args: Any) -> None:
+        *quantize_args, expand_args = args
+        quantize(q, k, v, *quantize_args)
+        expand(*expand_args)
+
+    def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
+        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
+        # views: the 8 NVFP4 regions (kbar, qbar, q/k codes and scales, v codes and scales),
+        # then q_f16, k_f16, v_f16
+        nvfp4, fp16 = views[:8], views[8:]
+        used = plan.host.vkey_start[-1]
+        expand_args = (*nvfp4[2:], seg_bounds, vkey_start, *fp16, used)
+        return ((seg_bounds, vkey_start, qblock_start, qblocks, *nvfp4, expand_args),
+                (nvfp4[1], *fp16, seg_bounds, vkey_start, qblock_start, qblocks), (used,))
+
+    return prepass_attention_launcher(prepass, module.attention_nvfp4_wgmma, derive)
+
+
 def reference_launcher(module: Any, backend: Backend) -> Launch:
     """The torch emulation of the operator's recipe (reference.py), on the call's device."""
     from . import reference
@@ -546,6 +573,12 @@ register(Backend(
     summary="the mma.sync NVFP4 kernel with the emulated FP4 MMA layer (exact FP16 HMMA)",
 ))
 register(Backend(
+    "wgmma_fp16_nvfp4", "nvfp4", KERNEL, wgmma_fp16_nvfp4_launcher, module="nvfp4_wgmma",
+    workspace="nvfp4_fp16", capturable=True, archs=("sm_90a",), auto=(("sm_90a", 20),),
+    summary="Hopper NVFP4 kernel: TMA producer + two ping-pong consumer warpgroups, FP16 wgmma "
+            "(HGMMA.64x128x16.F32) on the exactly dequantised operands, P quantised in registers",
+))
+register(Backend(
     "mma_sync_fp8", "fp8", KERNEL, mma_sync_fp8_launcher, module="fp8", workspace="fp8",
     capturable=True, archs=("sm_90a", "sm_120a", "sm_121a"),
     auto=(("sm_120a", 10), ("sm_121a", 10), ("sm_90a", 10)),
@@ -564,5 +597,3 @@ for _op in OPERATORS:
         auto=(("*", 0),),
         summary="torch emulation of the recipe (exact, slow, synchronises, not capturable)",
     ))
-# Coming (each one registration, with its module, templates and launcher):
-#   wgmma_fp16_nvfp4  nvfp4  kernel  the NVFP4 numerics on FP16 wgmma (attention/sm90/), sm_90a

@@ -44,6 +44,20 @@ FP8 key order: within each 16-key group (from the segment start) key ``8h + 2q +
 column ``4q + 2h + e`` (``reference.fp8_v_column``), the order in which an FP8 MMA's accumulator
 holds P, so P packs into the PV product's A operand without shuffles.
 
+NVFP4 FP16 regions (layout ``nvfp4_fp16``, the Hopper kernel ``wgmma_fp16_nvfp4``): every NVFP4
+region above, then the operands expanded to FP16 (value = scale * code, exact), in the shapes
+TMA reads them:
+
+==========  =====  ===========================  ==============================================
+q_f16       f16    [H, T, 128]                  Q' rows in token order
+k_f16       f16    [H, vkeys_cap, 128]          K' rows at padded key positions, window order
+v_f16       f16    [H, 128, vkeys_cap]          V^T columns at the same positions
+==========  =====  ===========================  ==============================================
+
+Window order: within each 64-key window from the segment start, position ``8i + 2t + e`` holds
+key ``16t + 2i + e`` (:func:`window_key_at`), so that a wgmma accumulator thread holds whole
+16-key P groups; positions past a segment's last key hold zeros.
+
 Padded V keys: segment ``s`` owns padded key columns ``[vkey_start[s], vkey_start[s+1])`` (see
 ``plan.py``); the columns past its last real key hold code 0 and scale 0 (written by the
 pre-pass, so a kernel reading a whole 64-key chunk never meets stale bytes).
@@ -99,7 +113,7 @@ class Region:
 
 @dataclass(frozen=True)
 class WorkspaceLayout:
-    op: str  # "nvfp4" | "fp8"
+    op: str  # "nvfp4" | "nvfp4_fp16" | "fp8"
     tokens: int
     heads: int
     segments: int
@@ -163,6 +177,28 @@ def nvfp4_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
         ("v_codes", u8, (H, D, nvk // 2)),
         ("v_scales", u8, (H, D, nvk // GROUP)),
     ])
+
+
+def nvfp4_fp16_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
+    """The NVFP4 regions, then the FP16 operands of the Hopper NVFP4 kernel (``wgmma_fp16_nvfp4``)
+    that the pre-pass's second step expands from them (see the module doc)."""
+    base = nvfp4_layout(tokens, heads, segments)
+    T, H, D = tokens, heads, HEAD_DIM
+    nvk = vkeys_cap(tokens, segments)
+    f16 = torch.float16
+    specs = [(r.name, r.dtype, r.shape) for r in base.regions] + [
+        ("q_f16", f16, (H, T, D)),
+        ("k_f16", f16, (H, nvk, D)),
+        ("v_f16", f16, (H, D, nvk)),
+    ]
+    return _pack("nvfp4_fp16", T, H, segments, specs)
+
+
+def window_key_at(position: int) -> int:
+    """The key (within its 64-key window from the segment start) that ``k_f16`` row / ``v_f16``
+    column ``position`` of the window holds (attention/sm90/nvfp4_key_order.cuh)."""
+    p = position % V_KEY_PAD
+    return 16 * ((p >> 1) & 3) + 2 * (p >> 3) + (p & 1)
 
 
 def fp8_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:

@@ -63,7 +63,7 @@ Rounding conventions (the parts SPEC leaves to the implementation)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -456,11 +456,14 @@ def _stages_plan(op: str, stages: dict[str, torch.Tensor], cu_seqlens: CuSeqlens
 
 def nvfp4_attention_from_stages(stages: dict[str, torch.Tensor], cu_seqlens: CuSeqlens,
                                 softmax_scale: float | None = None, *,
-                                cu_seqlens_host: Sequence[int] | None = None) -> torch.Tensor:
+                                cu_seqlens_host: Sequence[int] | None = None,
+                                query_blocks: Collection[int] | None = None) -> torch.Tensor:
     """SPEC 3.4-3.8 computed only from the quantized operands: bf16 ``[T, H, 128]``.
 
     Uses qbar, q/k/v codes and scales (kbar is not needed); workspace views may be passed
     uncut. Feeding a kernel's workspace through this checks its attention part alone.
+    ``query_blocks``: only the rows of these 128-row blocks (canonical indices, plan.py) are
+    computed, the others stay NaN (long segments: every key, a sample of the queries).
     """
     c = log2_softmax_scale(softmax_scale)
     plan = _stages_plan("nvfp4", stages, cu_seqlens, cu_seqlens_host)
@@ -479,17 +482,22 @@ def nvfp4_attention_from_stages(stages: dict[str, torch.Tensor], cu_seqlens: CuS
         g0, g1 = plan.qblock_start[s], plan.qblock_start[s + 1]
         qbar = stages["qbar"][g0:g1].permute(1, 0, 2).double()  # [H, blocks, 128]
         delta = (qbar @ khat.transpose(1, 2)).float()  # [H, blocks, L], SPEC 3.4
-        for r0 in range(0, L, step):
-            r1 = min(r0 + step, L)
-            qc = qhat[:, r0:r1]
-            row_block = torch.arange(r0, r1, device=dev) // Q_BLOCK
+        if query_blocks is None:  # every row, in chunks of whole blocks
+            chunks = [torch.arange(r0, min(r0 + step, L), device=dev) for r0 in range(0, L, step)]
+        else:  # the selected blocks' rows, in one chunk
+            rows = [torch.arange((g - g0) * Q_BLOCK, min((g - g0 + 1) * Q_BLOCK, L), device=dev)
+                    for g in sorted(set(query_blocks)) if g0 <= g < g1]
+            chunks = [torch.cat(rows)] if rows else []
+        for rows in chunks:
+            qc = qhat[:, rows]
+            row_block = rows // Q_BLOCK
 
             def scores(j0: int, j1: int, qc=qc, row_block=row_block, delta=delta, khat=khat):
                 dot = qc @ khat[:, j0:j1].transpose(1, 2)
                 return (dot + delta[:, row_block, j0:j1].double()).float()
 
-            o, l_sum = _online_softmax(scores, vhat, NVFP4_P_SCALE, _nvfp4_p, c, r1 - r0, L)
-            out[a + r0 : a + r1] = F.div_rn(o, l_sum.unsqueeze(-1)).transpose(0, 1).bfloat16()
+            o, l_sum = _online_softmax(scores, vhat, NVFP4_P_SCALE, _nvfp4_p, c, rows.numel(), L)
+            out[a + rows] = F.div_rn(o, l_sum.unsqueeze(-1)).transpose(0, 1).bfloat16()
     return out
 
 

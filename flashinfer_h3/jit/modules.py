@@ -77,6 +77,14 @@ register_module(ModuleDef(
           "two consumer warpgroups in ping-pong",
 ))
 register_module(ModuleDef(
+    "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
+    archs=("sm_90a",),
+    exports=("quantize_nvfp4", "expand_nvfp4_fp16", "attention_nvfp4_wgmma",
+             "attention_nvfp4_wgmma_smem_bytes"),
+    about="NVFP4 pre-pass + FP16 expansion + the Hopper NVFP4 kernel: warp-specialised, TMA + "
+          "mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
+))
+register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),
     test_only=True,
     about="tests: one block-scaled FP4 MMA of the mma.sync layer against its PTX contract",

@@ -20,6 +20,7 @@ binding's argument checks. On an SM90 GPU this runs the kernel with the emulated
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ import pytest
 import torch
 
 from flashinfer_h3 import reference as R
-from flashinfer_h3.layout import nvfp4_layout
+from flashinfer_h3.layout import WorkspaceLayout, nvfp4_fp16_layout, nvfp4_layout
 from flashinfer_h3.plan import build_host_plan
 
 pytestmark = pytest.mark.gpu
@@ -109,14 +110,26 @@ def device_tables(bounds: list[int]) -> dict[str, torch.Tensor]:
     return {
         "seg_bounds": torch.tensor(host.bounds, **i32),
         "vkey_start": torch.tensor(host.vkey_start, **i32),
+        "qblock_start": torch.tensor(host.qblock_start, **i32),
         "qblocks": torch.tensor(blocks, **i32).view(host.num_qblocks, 4),
     }
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]) -> Prepared:
+def is_wgmma(module: Any) -> bool:
+    """The Hopper kernel's module (test_attention_nvfp4_wgmma_gpu.py reruns this file on it)."""
+    return hasattr(module, "attention_nvfp4_wgmma")
+
+
+def layout_of(module: Any) -> Callable[[int, int, int], WorkspaceLayout]:
+    """The workspace layout the module's kernel reads (the wgmma kernel's adds FP16 operands)."""
+    return nvfp4_fp16_layout if is_wgmma(module) else nvfp4_layout
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int],
+            layout_fn: Callable[[int, int, int], WorkspaceLayout] = nvfp4_layout) -> Prepared:
     T, H, _ = q.shape
     stages = R.nvfp4_quantize_stages(q, k, v, bounds)
-    layout = nvfp4_layout(T, H, len(bounds) - 1)
+    layout = layout_fn(T, H, len(bounds) - 1)
     ws = torch.full((layout.total_bytes,), POISON, dtype=torch.uint8, device="cuda")
     views = layout.views(ws)
     fill_workspace(views, stages)
@@ -144,7 +157,18 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
                          dtype=torch.bfloat16, device="cuda")
         out = buf[: prep.tokens]
         out.guard = buf[prep.tokens :]  # type: ignore[attr-defined]
-    module.attention_nvfp4(out, *prep.kernel_args(), scale)
+    if is_wgmma(module):
+        # The pre-pass's FP16 expansion of the reference's operands, then the Hopper kernel.
+        v, t = prep.views, prep.tables
+        used = build_host_plan(prep.bounds).vkey_start[-1]
+        fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
+        module.expand_nvfp4_fp16(v["q_codes"], v["q_scales"], v["k_codes"], v["k_scales"],
+                                 v["v_codes"], v["v_scales"], t["seg_bounds"], t["vkey_start"],
+                                 *fp16, used)
+        module.attention_nvfp4_wgmma(out, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
+                                     t["qblock_start"], t["qblocks"], scale, used)
+    else:
+        module.attention_nvfp4(out, *prep.kernel_args(), scale)
     return out
 
 
@@ -162,7 +186,7 @@ def check_case(module: Any, lengths: list[int], heads: int, kind: str, seed: int
                scale: float = DEFAULT_SCALE) -> None:
     bounds = bounds_of(lengths)
     q, k, v = make_qkv(bounds[-1], heads, kind, seed)
-    prep = prepare(q, k, v, bounds)
+    prep = prepare(q, k, v, bounds, layout_of(module))
     out = run_kernel(module, prep, scale)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "non-finite output: a row was not written, or NaN leaked"
@@ -235,13 +259,13 @@ def test_softmax_scale(module: Any, scale: float) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _prepared(lengths: list[int], heads: int, seed: int) -> Prepared:
+def _prepared(module: Any, lengths: list[int], heads: int, seed: int) -> Prepared:
     bounds = bounds_of(lengths)
-    return prepare(*make_qkv(bounds[-1], heads, "gauss", seed), bounds)
+    return prepare(*make_qkv(bounds[-1], heads, "gauss", seed), bounds, layout_of(module))
 
 
 def test_deterministic_and_side_stream(module: Any) -> None:
-    prep = _prepared([500, 0, 261], 3, seed=11)
+    prep = _prepared(module, [500, 0, 261], 3, seed=11)
     first = run_kernel(module, prep)
     second = run_kernel(module, prep)
     stream = torch.cuda.Stream()
@@ -256,7 +280,7 @@ def test_deterministic_and_side_stream(module: Any) -> None:
 
 def test_cuda_graph_capture_and_replay(module: Any) -> None:
     lengths, heads = [300, 129], 2
-    prep = _prepared(lengths, heads, seed=21)
+    prep = _prepared(module, lengths, heads, seed=21)
     eager = run_kernel(module, prep)
     out = torch.empty_like(eager)
     stream = torch.cuda.Stream()
@@ -273,7 +297,7 @@ def test_cuda_graph_capture_and_replay(module: Any) -> None:
     assert torch.equal(out, eager)
 
     # New operands in the same workspace: the replay reads them.
-    other = _prepared(lengths, heads, seed=22)
+    other = _prepared(module, lengths, heads, seed=22)
     fill_workspace(prep.views, other.stages)
     out.fill_(math.nan)
     graph.replay()
@@ -283,7 +307,7 @@ def test_cuda_graph_capture_and_replay(module: Any) -> None:
 
 def test_no_tokens_launches_nothing(module: Any) -> None:
     for bounds in ([0], [0, 0, 0]):
-        layout = nvfp4_layout(0, 2, len(bounds) - 1)
+        layout = layout_of(module)(0, 2, len(bounds) - 1)
         ws = torch.full((max(layout.total_bytes, 1),), POISON, dtype=torch.uint8, device="cuda")
         prep = Prepared(0, 2, bounds, {}, layout.views(ws), device_tables(bounds))
         out = run_kernel(module, prep)
@@ -292,7 +316,7 @@ def test_no_tokens_launches_nothing(module: Any) -> None:
 
 
 def test_argument_checks(module: Any) -> None:
-    prep = _prepared([40], 2, seed=3)
+    prep = _prepared(module, [40], 2, seed=3)
     good = torch.empty(40, 2, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="out"):
         module.attention_nvfp4(good.float(), *prep.kernel_args(), DEFAULT_SCALE)

@@ -305,13 +305,13 @@ def test_zero_tokens_is_valid(recorder: _Recorder) -> None:
 
 
 @pytest.mark.parametrize("choice,cap,expected", [
-    ("auto", (9, 0), "mma_sync_fp4_emulated"), ("auto", (12, 0), "mma_sync_fp4"),
+    ("auto", (9, 0), "wgmma_fp16_nvfp4"), ("auto", (12, 0), "mma_sync_fp4"),
     ("auto", (12, 1), "mma_sync_fp4"),
     ("mma_sync_fp4_emulated", (9, 0), "mma_sync_fp4_emulated"),
     ("mma_sync_fp4", (12, 0), "mma_sync_fp4"),
     ("sm120_emulated", (9, 0), "mma_sync_fp4_emulated"), ("sm120", (12, 0), "mma_sync_fp4"),
     ("reference", (9, 0), "reference"), ("reference", (8, 0), "reference"),
-    (" Auto ", (9, 0), "mma_sync_fp4_emulated"),
+    (" Auto ", (9, 0), "wgmma_fp16_nvfp4"),
 ])
 def test_backend_resolution(choice: str, cap: tuple[int, int], expected: str) -> None:
     assert ops.resolve_backend_name("nvfp4", cap, choice) == expected
@@ -344,7 +344,7 @@ def test_backend_choice_errors() -> None:
         ops.resolve_backend_name("fp8", (9, 0), "mma_sync_fp4")
     with pytest.raises(RuntimeError, match=r"=mma_sync_fp4 needs compute capability 12\.x, but "
                        r"this GPU is 9\.0; the nvfp4 backends that run here: "
-                       r"mma_sync_fp4_emulated, reference, auto"):
+                       r"mma_sync_fp4_emulated, wgmma_fp16_nvfp4, reference, auto"):
         ops.resolve_backend_name("nvfp4", (9, 0), "mma_sync_fp4")
     # The old names are aliases; messages give the new name.
     with pytest.raises(RuntimeError, match=r"sm120 \(now named mma_sync_fp4\) needs compute "

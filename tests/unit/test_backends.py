@@ -70,7 +70,7 @@ def test_registered_backends_say_what_runs() -> None:
 
 
 @pytest.mark.parametrize("arch,nvfp4", [
-    ("sm_90a", "mma_sync_fp4_emulated"), ("sm_120a", "mma_sync_fp4"), ("sm_121a", "mma_sync_fp4"),
+    ("sm_90a", "wgmma_fp16_nvfp4"), ("sm_120a", "mma_sync_fp4"), ("sm_121a", "mma_sync_fp4"),
 ])
 def test_auto_per_arch(arch: str, nvfp4: str) -> None:
     assert backends.resolve_for_arch("nvfp4", arch).name == nvfp4
@@ -259,3 +259,37 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
             assert qargs == ("q", "k", "v", *FakePlan.args, *views)
             tables, scale, tail = expected_tail[b.name]
             assert aargs == ("out", *views[1:], *tables, scale, *tail), b.name
+
+
+def test_wgmma_fp16_nvfp4_launcher_runs_prepass_expansion_and_kernel() -> None:
+    """The Hopper NVFP4 backend: the NVFP4 pre-pass, its FP16 expansion (the NVFP4 code regions
+    into the FP16 ones, with the used V columns), then the kernel on qbar and the FP16 regions;
+    attention_only is the last call alone."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple]] = []
+
+        def __getattr__(self, name: str):
+            return lambda *args: self.calls.append((name, args))
+
+    class FakePlan:
+        args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
+        host = type("Host", (), {"vkey_start": (0, 64, 192)})()
+
+    b = backends.get("nvfp4", "wgmma_fp16_nvfp4")
+    assert b.workspace == "nvfp4_fp16" and b.module == "nvfp4_wgmma" and b.capturable
+    names = ("kbar", "qbar", "q_codes", "q_scales", "k_codes", "k_scales", "v_codes", "v_scales",
+             "q_f16", "k_f16", "v_f16")
+    module = Recorder()
+    launch = b.make_launcher(module, b)
+    launch("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
+    tables = FakePlan.args
+    assert module.calls == [
+        ("quantize_nvfp4", ("q", "k", "v", *tables, *names[:8])),
+        ("expand_nvfp4_fp16", (*names[2:8], "seg_bounds", "vkey_start", *names[8:], 192)),
+        ("attention_nvfp4_wgmma", ("out", "qbar", *names[8:], *tables, 0.5, 192)),
+    ]
+    module.calls.clear()
+    launch.attention_only("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
+    assert [c[0] for c in module.calls] == ["attention_nvfp4_wgmma"]

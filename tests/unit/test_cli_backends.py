@@ -23,13 +23,14 @@ def _auto(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(env, raising=False)
 
 
-@pytest.mark.parametrize("arch,nvfp4", [("sm_90a", "mma_sync_fp4_emulated"),
-                                        ("sm_120a", "mma_sync_fp4")])
-def test_info_arch_prints_the_backend_of_each_operator(arch: str, nvfp4: str, capsys) -> None:
+@pytest.mark.parametrize("arch,nvfp4,module", [("sm_90a", "wgmma_fp16_nvfp4", "nvfp4_wgmma"),
+                                               ("sm_120a", "mma_sync_fp4", "nvfp4")])
+def test_info_arch_prints_the_backend_of_each_operator(arch: str, nvfp4: str, module: str,
+                                                       capsys) -> None:
     assert main(["info", "--arch", arch]) == 0
     out = capsys.readouterr().out
     assert f"backends on {arch}" in out
-    assert f"nvfp4: {nvfp4} (kernel) [auto; module nvfp4]" in out
+    assert f"nvfp4: {nvfp4} (kernel) [auto; module {module}]" in out
     if not _fp8_has_kernel(arch):
         assert "fp8  : reference (torch emulation) [auto; no kernel module]" in out
 

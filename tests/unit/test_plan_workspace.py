@@ -669,3 +669,23 @@ def test_kernel_runner_matches_the_compiled_binding() -> None:
     run(q, k, v, torch.empty_like(q), 0.1, bounds, plan, views)
     assert set(errors) == {"quantize_nvfp4", "attention_nvfp4"}
     assert all("CUDA tensor" in msg for msg in errors.values()), errors
+
+
+def test_nvfp4_fp16_layout_and_window_key_order() -> None:
+    from flashinfer_h3.layout import V_KEY_PAD, nvfp4_fp16_layout, vkeys_cap, window_key_at
+
+    keys = [window_key_at(p) for p in range(V_KEY_PAD)]
+    assert sorted(keys) == list(range(V_KEY_PAD))  # a permutation of every window
+    assert [window_key_at(p + 64) for p in range(8)] == [0, 1, 16, 17, 32, 33, 48, 49]
+    # each thread t of a wgmma quad holds positions 8i + 2t + e: keys 16t .. 16t + 15, one group
+    for t in range(4):
+        assert sorted(window_key_at(8 * i + 2 * t + e) for i in range(8) for e in range(2)) == \
+            list(range(16 * t, 16 * t + 16))
+    base = nvfp4_layout(1000, 3, 4)
+    full = nvfp4_fp16_layout(1000, 3, 4)
+    assert [r.name for r in full.regions[: len(base.regions)]] == [r.name for r in base.regions]
+    nvk = vkeys_cap(1000, 4)
+    assert full["k_f16"].shape == (3, nvk, 128) and full["v_f16"].shape == (3, 128, nvk)
+    assert full["q_f16"].shape == (3, 1000, 128) and full["q_f16"].dtype == torch.float16
+    assert all(r.offset % 256 == 0 for r in full.regions)
+    assert full.total_bytes >= base.total_bytes + 2 * 3 * 128 * (1000 + 2 * nvk)

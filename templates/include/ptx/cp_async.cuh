@@ -6,13 +6,10 @@
 
 #include <stdint.h>
 
+#include "smem_addr.cuh"
+
 namespace flashinfer_h3 {
 namespace ptx {
-
-// The shared-state-space address of a generic pointer into shared memory (cvta.to.shared).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes: 16 bytes through L2 only (.cg takes
 // only 16); the 16 - src_bytes trailing bytes are zero-filled, so src_bytes = 0 reads nothing

@@ -10,12 +10,10 @@
 
 #include <stdint.h>
 
+#include "smem_addr.cuh"
+
 namespace flashinfer_h3 {
 namespace ptx {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // mbarrier.init (9.7.13.15.9): `count` arrivals complete a phase.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {

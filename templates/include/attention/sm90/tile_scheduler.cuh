@@ -36,6 +36,11 @@ struct PlanTables {
 
 __device__ __forceinline__ int num_items(const PlanTables& t) { return t.num_qblocks * t.heads; }
 
+// w < num_items(t) for w >= 0 (num_qblocks >= 1: the bindings launch nothing without blocks),
+// written as head < heads: the loop condition then needs no product held in a register across
+// the item (the quotient is work_item's head, computed once for both).
+__device__ __forceinline__ bool has_item(const PlanTables& t, int w) { return w / t.num_qblocks < t.heads; }
+
 __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
   const int head = w / t.num_qblocks;
   // Four scalar loads: the table is a view into the plan's buffer, only 4-byte aligned.

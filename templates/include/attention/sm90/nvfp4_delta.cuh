@@ -1,0 +1,133 @@
+// The delta term of the NVFP4 scores (SPEC 3.4): delta_j = qbar . Khat_j for the 128 keys of a
+// KV tile, computed by three warps of the producer warpgroup while the consumers run their GEMMs.
+//
+// Why a tensor-core product: the dot products are 128 x 128 FMAs per tile (on the FP32 pipe,
+// with the FP16 -> FP32 conversions, a tenth of the SM's issue slots, which the consumers need).
+// As mma.sync m16n8k16 (FP16 in, FP32 accumulate) with A = 16 keys of the K tile and B = qbar in
+// columns 0 and 1 (the other six zero), a tile is 8 m16 blocks x 8 k16 steps = 64 HMMAs.
+// Three warps (1, 2, 3: one per SM sub-partition other than the TMA warp's) share them, so each
+// sub-partition's tensor core spends about 5 % of a tile's time on delta, and each warp runs two
+// or three independent accumulation chains (one chain of 64 dependent HMMAs measured 3x slower
+// than the consumers' GEMMs: benchmarks/RESULTS.md).
+//
+// Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
+// hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the
+// largest |qbar| 2^k lies in [2^14, 2^15): hi + lo carries 22 bits of every component relative
+// to the largest, the products are exact and the tensor core accumulates in FP32, so delta =
+// (column 0 + column 1) 2^-k is an FP32-accurate dot product (its order differs from the
+// reference's).
+//
+// The tile's positions past the segment's keys get delta = -inf: the consumers load delta as the
+// initial QK^T accumulator, so those scores are -inf (masked) with no work in the softmax.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../ptx/ldmatrix.cuh"
+#include "../../ptx/mbarrier.cuh"
+#include "../../ptx/mma_sync.cuh"
+#include "nvfp4_key_order.cuh"
+#include "nvfp4_shared_storage.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+// qbar of one (block, head) as the B fragments of the eight k16 steps: lane 4g + t holds, for
+// g = 0 (column 0, hi) and g = 1 (column 1, lo), channels 16 kk + 2t, +1 (b0) and
+// 16 kk + 8 + 2t, +1 (b1); columns 2..7 are zero.
+struct QbarOperand {
+  uint32_t b0[8], b1[8];
+  float unscale;  // 2^-k
+};
+
+// `parts` (shared memory, the delta warp's own): 2 x 64 f16x2 words, the hi then the lo parts
+// of the 128 channels, the A fragments' staging area (32 shuffled floats in registers would not
+// fit the producer's budget).
+__device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict__ qbar, uint32_t* parts, int lane) {
+  // The largest |qbar|: four channels a lane, then the warp.
+  const float4 x4 = __ldg(reinterpret_cast<const float4*>(qbar) + lane);
+  float amax = fmaxf(fmaxf(fabsf(x4.x), fabsf(x4.y)), fmaxf(fabsf(x4.z), fabsf(x4.w)));
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  // amax = f 2^(E - 1), f in [1, 2): k = 15 - E puts it in [2^14, 2^15). Clamped so that 2^k and
+  // 2^-k are normal floats (a subnormal or zero amax gets the largest k; inf/NaN inputs stay so).
+  const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);  // E + 126
+  const int k = min(max(141 - biased, -126), 126);
+  const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
+  // The lane's four channels 4 lane .. + 3 as FP16 parts: hi = fp16(x), lo = fp16(x - hi).
+  const float x[4] = {x4.x * scale, x4.y * scale, x4.z * scale, x4.w * scale};  // exact: a power of two
+  __syncwarp();  // the previous item's fragments were read from `parts`
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const __half hi0 = __float2half_rn(x[2 * pair]), hi1 = __float2half_rn(x[2 * pair + 1]);
+    const __half2 hi = __halves2half2(hi0, hi1);
+    const __half2 lo = __floats2half2_rn(x[2 * pair] - __half2float(hi0), x[2 * pair + 1] - __half2float(hi1));
+    parts[2 * lane + pair] = *reinterpret_cast<const uint32_t*>(&hi);
+    parts[64 + 2 * lane + pair] = *reinterpret_cast<const uint32_t*>(&lo);
+  }
+  __syncwarp();
+  // Fragment (kk, h) of lane 4g + t: channels 16 kk + 8h + 2t, +1 of column g, i.e. word
+  // 8 kk + 4h + t of the hi parts (g = 0) or the lo parts (g = 1); 0 for g >= 2.
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t* mine = parts + (g == 1 ? 64 : 0) + t;
+  QbarOperand op;
+  op.unscale = __uint_as_float(static_cast<uint32_t>(127 - k) << 23);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    op.b0[kk] = g < 2 ? mine[8 * kk] : 0u;
+    op.b1[kk] = g < 2 ? mine[8 * kk + 4] : 0u;
+  }
+  return op;
+}
+
+constexpr int kDeltaWarps = 3;
+constexpr int kDeltaMaxBlocks = (kTileKeys / 16 + kDeltaWarps - 1) / kDeltaWarps;  // m16 blocks a warp
+
+// delta of the m16 blocks first, first + 3, ... of the K tile at `k_tile` (two 64-channel atoms
+// of 128 rows x 128 bytes in the 128-byte swizzle) into delta[position]; positions whose key is
+// at or past `valid` (the segment's keys left from this tile's first key) get -inf.
+__device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t* k_tile, float* delta, int valid,
+                                           int first, int lane) {
+  const uint32_t k_base = ptx::smem_addr(k_tile);
+  // ldmatrix.x4 of an m16k16 A fragment: lane l gives row (l % 8) + 8 ((l / 8) % 2) of the block
+  // and 16-byte chunk 2 kk + l / 16 of that row (matrices: rows 0-7 / 8-15, channels 0-7 / 8-15).
+  const int row_in_block = (lane & 7) + 8 * ((lane >> 3) & 1), half = lane >> 4;
+  float acc[kDeltaMaxBlocks][4];
+#pragma unroll
+  for (int i = 0; i < kDeltaMaxBlocks; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int chunk = 2 * kk + half;  // of the 256-byte row: atom chunk / 8, swizzled chunk % 8
+#pragma unroll
+    for (int i = 0; i < kDeltaMaxBlocks; ++i) {
+      const int m = first + kDeltaWarps * i;
+      if (m < kTileKeys / 16) {  // warp-uniform
+        const int row = 16 * m + row_in_block;
+        uint32_t a[4];
+        ptx::ldmatrix_x4(a, k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
+        ptx::mma_m16n8k16_f16(acc[i], a, qb.b0[kk], qb.b1[kk]);
+      }
+    }
+  }
+  // Lane 4g (t = 0) holds columns 0 (hi) and 1 (lo) of rows g and g + 8.
+  if ((lane & 3) == 0) {
+    const int g = lane >> 2;
+#pragma unroll
+    for (int i = 0; i < kDeltaMaxBlocks; ++i) {
+      const int m = first + kDeltaWarps * i;
+      if (m < kTileKeys / 16) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int pos = 16 * m + g + 8 * r;
+          const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
+          delta[pos] = key < valid ? (acc[i][2 * r] + acc[i][2 * r + 1]) * qb.unscale : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

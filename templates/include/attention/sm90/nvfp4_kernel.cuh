@@ -1,0 +1,306 @@
+// The Hopper NVFP4 attention kernel (docs/spec.md section 3): the SageAttention3 recipe on FP16
+// wgmma, whose products of exactly dequantised E2M1 x UE4M3 operands are the recipe's own
+// (SPEC 3, last paragraph). Backend wgmma_fp16_nvfp4.
+//
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (one CTA per SM), the
+// pipeline and ping-pong of the FP8 kernel (fp8_kernel.cuh):
+//   producer  (warpgroup 0)   warp 0, one thread: TMA loads of the Q block and the ring of K
+//                             and V^T tiles (FP16, written by the pre-pass, quantize/expand_fp16.cuh);
+//                             warps 1-3: the delta term of every K tile (nvfp4_delta.cuh, mma.sync);
+//                             gives most of its registers away (setmaxnreg)
+//   consumer c (warpgroups 1, 2)  64 query rows each; per KV tile
+//                 S = delta + Q' K'^T               wgmma SS m64n128k16 x 8, accumulator preloaded
+//                                                   with delta (-inf past the segment: the mask)
+//                 softmax + P quantisation          nvfp4_softmax.cuh: S -> P (f16x2 registers)
+//                 O = alpha O + P V                 wgmma RS m64n128k16 x 8 into O (FP32
+//                                                   accumulation: no second level needed here)
+//              and the epilogue out = bf16(O / l) for the block's real rows.
+// The consumers alternate on named barriers: a GEMM phase issues PV of tile t - 1 and QK^T of
+// tile t back to back, then hands the tensor cores to the other consumer and runs its softmax.
+//
+// Operands (flashinfer_h3/layout.py, nvfp4_fp16 layout): Q' as [H][T][128] f16, K' as
+// [H][padded keys][128] f16 and V^T as [H][128][padded keys] f16, keys in the window key order
+// (nvfp4_key_order.cuh), read through tensor maps with the 128-byte swizzle. Rows and columns past
+// a tensor map's end read as zeros; positions past a segment's keys are masked by delta (K) and
+// meet P = 0 (V).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../ptx/mbarrier.cuh"
+#include "../../ptx/tma.cuh"
+#include "../../ptx/warpgroup.cuh"
+#include "../../ptx/wgmma.cuh"
+#include "nvfp4_delta.cuh"
+#include "nvfp4_shared_storage.cuh"
+#include "nvfp4_softmax.cuh"
+#include "tile_scheduler.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+// The register split (see fp8_kernel.cuh): 168 a thread at launch; the producer warpgroup keeps
+// 96 (the delta warps: qbar fragments, three accumulation chains, loop state), the consumers get 200
+// (they use about 192: S, O and P are 160).
+constexpr uint32_t kNvfp4ProducerRegs = 96;
+constexpr uint32_t kNvfp4ConsumerRegs = 200;
+static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kConsumers * kWarpgroupThreads <=
+                  168 * kThreads,
+              "the consumers' registers must come from the producer's");
+
+struct Nvfp4Params {
+  PlanTables plan;
+  const float* qbar;  // [q_blocks_cap, H, 128], canonical block order
+  __nv_bfloat16* out;  // [T, H, 128]
+  float c;             // fp32(softmax_scale) * fp32(log2 e)
+};
+
+// ---- producer warpgroup --------------------------------------------------------------------
+
+__device__ __forceinline__ void produce_tiles(Nvfp4SharedStorage& sm, const CUtensorMap* tm_q,
+                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                              const Nvfp4Params& p) {
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
+    const WorkItem it = work_item(p.plan, w);
+    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
+    ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
+    ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    for (int t = 0; t < tiles; ++t, ++slot.index) {
+      const int st = slot.stage();
+      const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
+      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kFp16TileBytes);
+      ptx::tma_load_3d(sm.k[st][0], tm_k, &sm.k_full[st], 0, pos, it.head);
+      ptx::tma_load_3d(sm.k[st][1], tm_k, &sm.k_full[st], 64, pos, it.head);
+      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kFp16TileBytes);
+      ptx::tma_load_3d(sm.v[st][0], tm_v, &sm.v_full[st], pos, 0, it.head);
+      ptx::tma_load_3d(sm.v[st][1], tm_v, &sm.v_full[st], pos + 64, 0, it.head);
+    }
+  }
+}
+
+// A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
+// m16 blocks of delta into sm.delta[stage].
+__device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp4Params& p, int delta_warp,
+                                              int lane) {
+  RingSlot slot;
+  uint32_t* parts = sm.qbar_parts[delta_warp];
+  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x) {
+    const WorkItem it = work_item(p.plan, w);
+    // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
+    const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
+    const QbarOperand qb = load_qbar_operand(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, parts, lane);
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    for (int t = 0; t < tiles; ++t, ++slot.index) {
+      const int st = slot.stage();
+      ptx::mbarrier_wait(&sm.k_full[st], slot.parity());
+      tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
+      __syncwarp();  // every lane's ldmatrix of the tile is done before lane 0 releases it
+      if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
+      ptx::mbarrier_arrive(&sm.delta_full[st]);  // each lane publishes its own delta writes
+    }
+  }
+}
+
+// ---- consumers ---------------------------------------------------------------------------------
+
+// S = delta + Q' K'^T: eight k16 steps, two per 32 bytes of each atom's rows; S holds delta.
+__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* const (&q_atoms)[2], const uint8_t* k_tile) {
+  ptx::wgmma_fence();  // delta was just written into s: order it before the wgmma reads it
+#pragma unroll
+  for (int k = 0; k < kHeadDim / 16; ++k) {
+    ptx::wgmma_m64n128k16_f16_ss(s, ptx::wgmma_desc_sw128(q_atoms[k / 4] + 32 * (k % 4)),
+                                 ptx::wgmma_desc_sw128(k_tile + (k / 4) * kFp16AtomBytes + 32 * (k % 4)), 1u);
+  }
+  ptx::wgmma_commit();
+}
+
+// O += P V over the tile's 128 key positions (eight k16 steps of P's registers).
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32], const uint8_t* v_tile) {
+  ptx::wgmma_fence();  // the softmax wrote pa and the rescale wrote o
+#pragma unroll
+  for (int k = 0; k < kTileKeys / 16; ++k) {
+    const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
+    ptx::wgmma_m64n128k16_f16_rs(o, a, ptx::wgmma_desc_sw128(v_tile + (k / 4) * kFp16AtomBytes + 32 * (k % 4)), 1u);
+  }
+  ptx::wgmma_commit();
+}
+
+// The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e].
+__device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& sm, const RingSlot& slot,
+                                           int quad_col) {
+  ptx::mbarrier_wait(&sm.delta_full[slot.stage()], slot.parity());
+  const float* d = sm.delta[slot.stage()] + quad_col;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
+    s[4 * i] = s[4 * i + 2] = v.x;
+    s[4 * i + 1] = s[4 * i + 3] = v.y;
+  }
+}
+
+__device__ __forceinline__ bool signals_for_warpgroup_nvfp4() { return threadIdx.x % kWarpgroupThreads == 0; }
+
+// Waits for the K tile of `slot` and issues S = delta + Q' K'^T.
+__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* const (&q_atoms)[2],
+                                                    Nvfp4SharedStorage& sm, const RingSlot& slot) {
+  ptx::mbarrier_wait(&sm.k_full[slot.stage()], slot.parity());
+  issue_qk(s, q_atoms, sm.k[slot.stage()][0]);
+}
+
+// Waits for the V tile before `slot` (the tile of the last softmax) and issues O += P V.
+__device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32_t (&pa)[32], Nvfp4SharedStorage& sm,
+                                                    const RingSlot& slot) {
+  const int stage = slot.previous_stage();
+  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity());
+  issue_pv(o, pa, sm.v[stage][0]);
+}
+
+// After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
+// tile) and the previous V tile, then the softmax of the tile and the rescale of O.
+template <bool kQuantizeP>
+__device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
+                                            Nvfp4SharedStorage& sm, RingSlot& slot, bool last_tile, bool pv_done,
+                                            float c) {
+  ptx::fence_operands(s);
+  ptx::fence_operands(o);
+  ptx::fence_operands(pa);
+  if (signals_for_warpgroup_nvfp4()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
+    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
+    if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
+  }
+  nvfp4_softmax_tile<kQuantizeP>(s, pa, st, c, sm.recip);
+  // O *= alpha, skipped when the warp's 16 rows all kept their max (alpha = 1 exactly: the
+  // product would change nothing), which is most tiles once a row has seen a few.
+  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
+  }
+  ++slot.index;
+}
+
+// out = bf16_rn(O / l) for the thread's two rows, if they are rows of the block (SPEC 3.8).
+__device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const Nvfp4RowState& st, const WorkItem& it,
+                                                   int row0, const Nvfp4Params& p, int quad_col) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(st.l[r]);
+    const int row = row0 + 8 * r;
+    if (row >= it.row_end) continue;
+    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i + quad_col) =
+          __floats2bfloat162_rn(__fdiv_rn(o[4 * i + 2 * r], l), __fdiv_rn(o[4 * i + 2 * r + 1], l));
+    }
+  }
+}
+
+template <bool kQuantizeP, int consumer>
+__device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Params& p) {
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad_col = 2 * (lane % 4);
+  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  // This consumer's 64 rows of each Q atom (8 KB in: still 1024-byte aligned).
+  const uint8_t* const q_atoms[2] = {sm.q[0] + 64 * consumer * 128, sm.q[1] + 64 * consumer * 128};
+
+  float s[64], o[64];
+  uint32_t pa[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pa[i] = 0u;
+  Nvfp4RowState st;
+
+  constexpr uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
+  if constexpr (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
+
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
+    const WorkItem it = work_item(p.plan, w);
+    st.reset();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+
+    // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
+    // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
+    load_delta(s, sm, slot, quad_col);
+    ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+    issue_qk_when_ready(s, q_atoms, sm, slot);
+    ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+    ptx::wgmma_wait<0>();
+    after_gemms<kQuantizeP>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    for (int t = 1; t < tiles; ++t) {
+      load_delta(s, sm, slot, quad_col);
+      ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+      issue_pv_when_ready(o, pa, sm, slot);
+      issue_qk_when_ready(s, q_atoms, sm, slot);
+      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      ptx::wgmma_wait<0>();
+      after_gemms<kQuantizeP>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+    }
+    ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+    issue_pv_when_ready(o, pa, sm, slot);
+    ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    ptx::fence_operands(pa);
+    if (signals_for_warpgroup_nvfp4()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
+    // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
+    const WorkItem again = work_item(p.plan, w);
+    store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
+  }
+  // Consumer 1 arrived once more on consumer 0's turn than consumer 0 synced (its opening arrive).
+  if constexpr (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
+}
+
+// kQuantizeP: false only in benchmark builds (P packed unquantised, to measure the quantisation).
+template <bool kQuantizeP>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                 const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
+  extern __shared__ uint8_t dynamic_smem[];
+  Nvfp4SharedStorage& sm = nvfp4_shared_storage(dynamic_smem);
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    init_barriers(sm);
+    ptx::prefetch_tensormap(&tm_q);
+    ptx::prefetch_tensormap(&tm_k);
+    ptx::prefetch_tensormap(&tm_v);
+  }
+  if (threadIdx.x < kScaleCodes) {
+    // The P scales' reciprocals: r = 1 / s correctly rounded (SPEC 3), 0 for s = 0.
+    const uint32_t b = threadIdx.x;
+    sm.recip[b] = b == 0 || b == 0x7F ? 0.0f : __frcp_rn(e4m3_to_float(static_cast<uint8_t>(b)));
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
+    if (threadIdx.x == 0) {
+      produce_tiles(sm, &tm_q, &tm_k, &tm_v, p);
+    } else if (threadIdx.x >= 32) {
+      produce_delta(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
+    }
+  } else {
+    ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();
+    if (warpgroup == 1) {
+      consume<kQuantizeP, 0>(sm, p);
+    } else {
+      consume<kQuantizeP, 1>(sm, p);
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

@@ -1,0 +1,62 @@
+// Shared memory of the Hopper NVFP4 kernel (nvfp4_kernel.cuh): the FP16 tile ring, the delta
+// term of each K tile, and the reciprocal table of the P scales. The ring's pipeline (stages,
+// RingSlot, the named barriers of the ping-pong) is the FP8 kernel's (shared_storage.cuh).
+//
+// FP16 tiles are 128 rows of 128 channels (or keys): 256 bytes a row, stored as two "atoms" of
+// 128 rows x 128 bytes (64 values) in the 128-byte swizzle that TMA writes and the wgmma K-major
+// descriptors read (ptx/wgmma.cuh); a k16 slice of a row is 32 bytes inside one atom.
+#pragma once
+
+#include <stdint.h>
+
+#include "../../ptx/mbarrier.cuh"
+#include "shared_storage.cuh"
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+constexpr int kFp16AtomBytes = 128 * 128;              // 128 rows x 64 f16
+constexpr uint32_t kFp16TileBytes = 2 * kFp16AtomBytes;  // one 128 x 128 f16 tile
+constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7F
+
+struct alignas(1024) Nvfp4SharedStorage {
+  uint8_t q[2][kFp16AtomBytes];           // Q' of the block: atom a = channels 64a..; rows 64c.. of consumer c
+  uint8_t k[kStages][2][kFp16AtomBytes];  // K' tile: row = key position, atom a = channels 64a..
+  uint8_t v[kStages][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
+  float delta[kStages][kTileKeys];        // delta (or -inf) of the K tile's positions
+  float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
+  uint32_t qbar_parts[3][2 * 64];         // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
+  uint64_t q_full, q_empty;
+  uint64_t k_full[kStages], k_empty[kStages];
+  uint64_t v_full[kStages], v_empty[kStages];
+  uint64_t delta_full[kStages];
+};
+
+constexpr int kNvfp4SmemBytes = static_cast<int>(sizeof(Nvfp4SharedStorage)) + 1024;  // + alignment slack
+static_assert(kNvfp4SmemBytes <= 227 * 1024, "Hopper allows 227 KB of shared memory per block");
+
+__device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dynamic_smem) {
+  const uintptr_t p = (reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) & ~uintptr_t{1023};
+  return *reinterpret_cast<Nvfp4SharedStorage*>(p);
+}
+
+// Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
+// bytes (delta_full: every lane of the three delta warps); K tiles are read by both consumers and
+// the delta warps, V tiles and the Q block by the consumers.
+constexpr uint32_t kDeltaThreads = 3 * 32;
+
+__device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
+  ptx::mbarrier_init(&s.q_full, 1);
+  ptx::mbarrier_init(&s.q_empty, kConsumers);
+  for (int i = 0; i < kStages; ++i) {
+    ptx::mbarrier_init(&s.k_full[i], 1);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers + 3);
+    ptx::mbarrier_init(&s.v_full[i], 1);
+    ptx::mbarrier_init(&s.v_empty[i], kConsumers);
+    ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);
+  }
+  ptx::fence_mbarrier_init();
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

@@ -1,0 +1,162 @@
+// Online softmax and the in-register P quantisation of the NVFP4 recipe (SPEC 3.6-3.8) on one
+// consumer thread's fragment of a 64 x 128 wgmma accumulator: two rows (g and g + 8 of its
+// warp's 16), 32 key positions of each, in the window key order of nvfp4_key_order.cuh.
+//
+// Per KV tile (128 keys from a multiple of 128 after the segment start, the reference's tile):
+//   S    = dot + delta  (delta, or -inf past the segment, is the accumulator's initial value)
+//   m_t  = max(m_{t-1}, max_j S)
+//   Ptil = 2688 * 2^((S - m_t) c) = 2^(S c - (m_t c - log2 2688))      one FFMA + one MUFU.EX2
+//   l    = 2^((m_{t-1} - m_t) c) l + sum Ptil        (unquantized Ptil)
+// then per row and 16-key group (the thread's 16 positions of a window, so no shuffle):
+//   s = rn_e4m3(max / 6), r = 1 / s (a table), P = s * rn_e2m1(Ptil * r)
+// written as f16x2 straight into the A registers of the PV wgmma: register 2i + r holds the
+// accumulator pair (4i + 2r, 4i + 2r + 1), the A layout of k16 step i / 2 (ptx/wgmma.cuh).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../numerics/e2m1_round.cuh"
+#include "../../numerics/group_quantize.cuh"
+#include "../../ptx/cvt.cuh"
+#include "../../ptx/math.cuh"
+#include "fp8_softmax.cuh"  // quad_max, quad_sum
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+constexpr float kLog2Nvfp4PScale = 11.392317422778761f;  // log2(2688): SPEC 3.6, Ptil <= 448 * 6
+
+struct Nvfp4RowState {
+  float m[2];      // running max of S (raw units) of rows g, g + 8
+  float l[2];      // this thread's share of the running sum (reduced over the quad at the end)
+  float alpha[2];  // rescale of O produced by the last softmax step
+
+  __device__ __forceinline__ void reset() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    alpha[0] = alpha[1] = 0.0f;
+  }
+};
+
+// The scale of one 16-key group of P: s = rn_e4m3(fl(max / 6)) (SPEC 3 "quantize a group"), its
+// correctly rounded reciprocal (0 for s = 0: every P of the group is then 0) from the table, and
+// s as f16x2 for the dequantisation.
+struct PGroupScale {
+  float recip;
+  uint32_t s2;     // f16x2 bits of (s, s)
+  bool saturates;  // some Ptil r of the group may reach 7 (then rn_e2m1 needs its saturation)
+};
+
+__device__ __forceinline__ PGroupScale p_group_scale(float pmax, const float* recip_table) {
+  const uint32_t code = quantize::e4m3x2_word(quantize::div6_rn(pmax), 0.0f) & 0xFFu;
+  PGroupScale g;
+  g.recip = recip_table[code];
+  g.s2 = ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(code * 0x0101u));
+  // A normal s is within 1/16 of max / 6, so max r < 6.4; a subnormal one (codes 1..7) is not,
+  // nor a saturated 448 if max exceeds 2688 by more than that (huge scores: the exponent's
+  // rounding). kPMaxFast / 448 < 6.4.
+  constexpr float kPMaxFast = 2800.0f;
+  g.saturates = code - 1u < 7u || !(pmax <= kPMaxFast);
+  return g;
+}
+
+// One 16-key group of one row: the 16 Ptil values at accumulator indices 4i + 2r + e of the
+// window's i = 8w .. 8w + 7 -> 8 f16x2 A registers 2i + r. kQuantizeP = false (benchmark builds
+// only) packs Ptil itself, to measure what the quantisation costs.
+template <bool kQuantizeP, bool kSaturate>
+__device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t (&pa)[32], int w, int r,
+                                                 const PGroupScale& g) {
+  const __half2 s2 = *reinterpret_cast<const __half2*>(&g.s2);
+#pragma unroll
+  for (int i = 8 * w; i < 8 * w + 8; ++i) {
+    __half2 h;
+    if constexpr (kQuantizeP) {
+      const float y0 = __fmul_rn(p[4 * i + 2 * r], g.recip), y1 = __fmul_rn(p[4 * i + 2 * r + 1], g.recip);
+      // rn_e2m1 values are exact in FP16, and so is their product with s (<= 6 significant bits).
+      const float v0 = kSaturate ? e2m1_round_nonneg(y0) : e2m1_round_below7(y0);
+      const float v1 = kSaturate ? e2m1_round_nonneg(y1) : e2m1_round_below7(y1);
+      h = __hmul2(__floats2half2_rn(v0, v1), s2);
+    } else {
+      h = __floats2half2_rn(p[4 * i + 2 * r], p[4 * i + 2 * r + 1]);
+    }
+    pa[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// The maximum of one group's 16 scores (a tree: the scale waits on it).
+__device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
+  float m[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m[j] = fmaxf(s[4 * (8 * w + j) + 2 * r], s[4 * (8 * w + j) + 2 * r + 1]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) m[j] = fmaxf(m[j], m[j + 4]);
+  return fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3]));
+}
+
+// One tile: s = the scores (delta and mask included) in, P (f16x2 A registers) out; updates
+// `st` (st.alpha is now this tile's rescale of O). c = softmax_scale * log2(e).
+//
+// The group maxima come first, from the scores: Ptil is a non-decreasing function of S (one
+// FFMA and ex2), so the group's largest Ptil is that of its largest score, and the row maximum
+// is the maximum of the row's group maxima. That is one max pass instead of two, and the scales
+// (a division, a conversion and a table load in a chain) are under way while the 64
+// exponentials run.
+template <bool kQuantizeP>
+__device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa)[32], Nvfp4RowState& st, float c,
+                                                   const float* recip_table) {
+  float gmax[2][2];  // [window][row]
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) gmax[w][r] = group_max(s, w, r);
+  }
+  float bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // Every tile has a key of the segment, so m_new is finite; m = -inf before the first tile
+    // gives alpha = 0 (O and l are 0 then).
+    const float m_new = fmaxf(st.m[r], quad_max(fmaxf(gmax[0][r], gmax[1][r])));
+    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);
+    st.m[r] = m_new;
+    bias[r] = m_new * c - kLog2Nvfp4PScale;
+  }
+  PGroupScale scale[2][2];
+  bool saturates = false;
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      scale[w][r] = p_group_scale(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), recip_table);
+      saturates |= scale[w][r].saturates;
+    }
+  }
+  float lsum[2][2] = {};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1;
+    s[i] = ptx::ex2_approx(fmaf(s[i], c, -bias[r]));  // -inf (masked) -> 0
+    lsum[r][i & 1] += s[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
+  // The saturating rounding only when some group of the warp needs it (subnormal scales: groups
+  // far below the row max); warp-uniform, so no divergence.
+  if (__any_sync(0xffffffffu, saturates)) {
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true>(s, pa, w, r, scale[w][r]);
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false>(s, pa, w, r, scale[w][r]);
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3

@@ -1,0 +1,193 @@
+"""CPU checks of the Hopper NVFP4 kernel (module ``nvfp4_wgmma``, sm_90a) and of its software
+E2M1 rounding.
+
+Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from the binary:
+
+- both products on FP16 wgmma, ``HGMMA.64x128x16.F32`` (FP16 inputs: not ``.BF16``): 8 with both
+  operands in shared memory (QK^T, 8 k16 steps) and 8 with A = P from registers (PV), each twice
+  per consumer (first/last phase and the loop), and the delta warp's FP16 ``HMMA.16816.F32``;
+- no local memory at all (no stack, no spills, no LDL/STL), the roles' register split,
+  384 threads, the shared memory within Hopper's 227 KB.
+
+The P quantisation's rounding (numerics/e2m1_round.cuh) is compiled as host C++ and checked on
+every non-negative float bit pattern (2^31 of them: zero, subnormals, normals, inf, NaN) against
+an independent search of the E2M1 grid (its unsaturated fast path on every float below 7), and
+on the ties and a random sample against formats.py's ``rn_e2m1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from pathlib import Path
+
+import binary_tools as bt
+import pytest
+
+pytestmark = pytest.mark.nvcc
+
+KERNEL = "attention_nvfp4_wgmma_kernel"
+HGMMA = "HGMMA.64x128x16.F32"
+MAX_SMEM = 227 * 1024
+
+
+@pytest.fixture(scope="module")
+def so() -> Path:
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    return Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
+
+
+def test_both_products_on_fp16_wgmma(so: Path) -> None:
+    sass = bt.sass(so, KERNEL)
+    lines = sass.splitlines()
+    ss = [x for x in lines if re.search(re.escape(HGMMA) + r" R\d+, gdesc", x)]
+    rs = [x for x in lines if re.search(re.escape(HGMMA) + r" R\d+, R\d+, gdesc", x)]
+    print(f"{KERNEL}: {len(ss)} SS (QK^T) and {len(rs)} RS (PV) FP16 wgmma")
+    assert len(ss) == 2 * 2 * 8 and len(rs) == 2 * 2 * 8
+    assert ".BF16" not in "".join(x for x in lines if "HGMMA" in x), "FP16, not BF16, operands"
+    assert "QGMMA" not in sass
+    assert re.search(r"HMMA\.16816\.F32 ", sass), "the delta warp's FP16 mma.sync"
+    assert "USETMAXREG" in sass
+
+
+def test_no_local_memory(so: Path) -> None:
+    report = bt.ptxas_report(so, KERNEL)
+    print(report)
+    none = r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert re.search(none, report), report
+    sass = bt.sass(so, KERNEL)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the kernel"
+    smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
+    assert 0 < smem <= MAX_SMEM
+
+
+def test_module_is_hopper_only() -> None:
+    from flashinfer_h3.jit import KernelConfig
+
+    with pytest.raises(ValueError, match="sm_90a"):
+        KernelConfig("nvfp4_wgmma", arch="sm_120a")
+
+
+# ---------------------------------------------------------------------------------------------
+# e2m1_round_nonneg on the CPU
+# ---------------------------------------------------------------------------------------------
+
+ROUND_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define __device__
+#define __forceinline__ inline
+// The CUDA intrinsics it uses, as the IEEE operations they are (built with -ffp-contract=off).
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+// PTX min.f32 / max.f32 (FMNMX): a NaN operand gives the other one, signaling NaNs too (glibc's
+// fminf returns NaN for those); the header's unqualified calls find these first.
+namespace flashinfer_h3 {
+static inline float fminf(float a, float b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
+static inline float fmaxf(float a, float b) { return a != a ? b : (b != b ? a : (a > b ? a : b)); }
+}  // namespace flashinfer_h3
+
+#include "numerics/e2m1_round.cuh"
+
+// rn_e2m1 of y >= 0 by searching the grid: the nearest value, a tie to the even code (index),
+// 6 for everything past it (inf too); NaN -> 6 (fminf semantics, documented in the header).
+static float grid_round(float y) {
+  static const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  if (!(y <= 6.0f)) return 6.0f;
+  int best = 0;
+  for (int i = 1; i < 8; ++i) {
+    const double d = fabs((double)y - grid[i]), e = fabs((double)y - grid[best]);
+    if (d < e || (d == e && i % 2 == 0)) best = i;
+  }
+  return grid[best];
+}
+
+// Every non-negative pattern in [begin, end): returns -(first failing pattern) - 1, or 0.
+extern "C" int64_t check_range(uint32_t begin, uint32_t end) {
+  for (uint64_t u = begin; u < end; ++u) {
+    const float y = __uint_as_float((uint32_t)u);
+    const float got = flashinfer_h3::e2m1_round_nonneg(y), want = grid_round(y);
+    if (__float_as_uint(got) != __float_as_uint(want)) return -(int64_t)u - 1;
+  }
+  return 0;
+}
+
+// Every pattern of [0, 7) in [begin, end) through e2m1_round_below7 (the kernel's fast path).
+extern "C" int64_t check_range_below7(uint32_t begin, uint32_t end) {
+  for (uint64_t u = begin; u < end; ++u) {
+    const float y = __uint_as_float((uint32_t)u);
+    if (!(y < 7.0f)) continue;
+    const float got = flashinfer_h3::e2m1_round_below7(y), want = grid_round(y);
+    if (__float_as_uint(got) != __float_as_uint(want)) return -(int64_t)u - 1;
+  }
+  return 0;
+}
+
+extern "C" void round_all(const float* y, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = flashinfer_h3::e2m1_round_nonneg(y[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def rounding(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    from flashinfer_h3.jit import find_nvcc
+    from flashinfer_h3.jit.env import include_dir
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("needs nvcc (none on PATH or CUDA_HOME)")
+    out = tmp_path_factory.mktemp("e2m1_round")
+    src, lib = out / "e2m1_round.cpp", out / "libe2m1_round.so"
+    src.write_text(ROUND_SOURCE)
+    cmd = [str(nvcc), "-x", "c++", "-std=c++17", "-O2", "-shared", "-Xcompiler",
+           "-fPIC,-ffp-contract=off", f"-I{include_dir()}", str(src), "-o", str(lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    lib_ = ctypes.CDLL(str(lib))
+    lib_.check_range.restype = ctypes.c_int64
+    lib_.check_range.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    lib_.check_range_below7.restype = ctypes.c_int64
+    lib_.check_range_below7.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    lib_.round_all.restype = None
+    lib_.round_all.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    return lib_
+
+
+def test_e2m1_round_every_nonnegative_float(rounding: ctypes.CDLL) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    # +0 .. +inf and every NaN payload: 2^31 patterns, in 8 slices over two threads.
+    edges = [i * (1 << 28) for i in range(9)]
+    with ThreadPoolExecutor(2) as pool:
+        ranges = zip(edges[:-1], edges[1:], strict=True)
+        results = list(pool.map(lambda r: rounding.check_range(*r), ranges))
+    bad = [-r - 1 for r in results if r < 0]
+    assert not bad, f"first failing pattern 0x{bad[0]:08x}"
+
+
+def test_e2m1_round_below7_every_float_below_7(rounding: ctypes.CDLL) -> None:
+    seven = 0x40E00000  # bits of 7.0
+    mid = seven // 2
+    assert rounding.check_range_below7(0, mid) == 0
+    assert rounding.check_range_below7(mid, seven) == 0
+
+
+def test_e2m1_round_matches_formats(rounding: ctypes.CDLL) -> None:
+    torch = pytest.importorskip("torch")
+    from flashinfer_h3 import formats as F
+
+    ties = torch.tensor([0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 6.5, 7.0, 1e30, -0.0])
+    g = torch.Generator().manual_seed(0)
+    sample = torch.rand(200_000, generator=g) * 8
+    y = torch.cat([ties, sample, torch.nextafter(ties, torch.tensor(float("inf")))]).float()
+    y = y.abs().contiguous()
+    got = torch.empty_like(y)
+    rounding.round_all(y.data_ptr(), y.numel(), got.data_ptr())
+    want = F.e2m1_to_float(F.rn_e2m1(y))
+    assert torch.equal(got, want)
