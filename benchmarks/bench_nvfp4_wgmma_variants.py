@@ -1,8 +1,11 @@
 """Benchmark-only builds of the Hopper NVFP4 kernel (backend ``wgmma_fp16_nvfp4``), kernel only.
 
 Times the attention kernel of the production build and of builds with a KernelConfig flag
-changed (``quantize_p=False``: P packed to FP16 without its NVFP4 quantisation, to measure what
-the quantisation costs), on one input whose operands the production pre-pass wrote once.
+changed, on one input whose operands the production pre-pass wrote once: ``quantize_p=False``
+(P packed to FP16 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their
+products), ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), and
+``fast_rounding=False`` (a production alternative: one P rounding path, always saturating). The variants'
+outputs are not attention (except the first three); their times say what each part costs.
 Median of CUDA-event timings; TFLOP/s = 4 L^2 H 128 / time.
 
     python benchmarks/bench_nvfp4_wgmma_variants.py [--tokens 61440] [--heads 56] [--iters 5]
@@ -22,7 +25,10 @@ from flashinfer_h3.jit.load import load_so
 
 VARIANTS: dict[str, dict[str, bool]] = {
     "production (P quantised)": {},
+    "P quantised, always the saturating rounding": {"fast_rounding": False},
     "benchmark build: P not quantised": {"quantize_p": False},
+    "benchmark build: no delta products": {"delta": False},
+    "benchmark build: no softmax (S packed as P)": {"softmax": False},
 }
 
 

@@ -51,6 +51,16 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
                   168 * kThreads,
               "the consumers' registers must come from the producer's");
 
+// What a build computes (KernelConfig flags of benchmark-only builds switch parts off to measure
+// their cost, benchmarks/bench_nvfp4_wgmma_variants.py; production = kNvfp4Production).
+enum Nvfp4Variant : int {
+  kQuantizeP = 1,    // P quantised to NVFP4 (off: Ptil packed to FP16 as it is)
+  kComputeDelta = 2, // the delta warps' products (off: they only pass the barriers on)
+  kSoftmax = 4,      // the softmax (off: S packed to FP16 as P, no exponentials)
+  kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
+  kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding,
+};
+
 struct Nvfp4Params {
   PlanTables plan;
   const float* qbar;  // [q_blocks_cap, H, 128], canonical block order
@@ -89,6 +99,7 @@ __device__ __forceinline__ void produce_tiles(Nvfp4SharedStorage& sm, const CUte
 
 // A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
 // m16 blocks of delta into sm.delta[stage].
+template <int kVariant>
 __device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp4Params& p, int delta_warp,
                                               int lane) {
   RingSlot slot;
@@ -102,7 +113,9 @@ __device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage();
       ptx::mbarrier_wait(&sm.k_full[st], slot.parity());
-      tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
+      if constexpr ((kVariant & kComputeDelta) != 0) {
+        tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
+      }
       __syncwarp();  // every lane's ldmatrix of the tile is done before lane 0 releases it
       if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
       ptx::mbarrier_arrive(&sm.delta_full[st]);  // each lane publishes its own delta writes
@@ -112,24 +125,33 @@ __device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp
 
 // ---- consumers ---------------------------------------------------------------------------------
 
+// Byte offset of k16 step k inside a tile of two 64-element atoms, in descriptor units (>> 4):
+// a compile-time constant added to the tile's descriptor (its start-address field has room: the
+// whole of shared memory is below 2^18 bytes), so no descriptor is built between two wgmmas.
+__host__ __device__ constexpr uint64_t k16_step_offset(int k) {
+  return static_cast<uint64_t>((k / 4) * kFp16AtomBytes + 32 * (k % 4)) >> 4;
+}
+
 // S = delta + Q' K'^T: eight k16 steps, two per 32 bytes of each atom's rows; S holds delta.
-__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* const (&q_atoms)[2], const uint8_t* k_tile) {
+// q_desc: the descriptor of this consumer's rows of Q atom 0 (atom 1 is kFp16AtomBytes on).
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t q_desc, const uint8_t* k_tile) {
+  const uint64_t k_desc = ptx::wgmma_desc_sw128(k_tile);
   ptx::wgmma_fence();  // delta was just written into s: order it before the wgmma reads it
 #pragma unroll
   for (int k = 0; k < kHeadDim / 16; ++k) {
-    ptx::wgmma_m64n128k16_f16_ss(s, ptx::wgmma_desc_sw128(q_atoms[k / 4] + 32 * (k % 4)),
-                                 ptx::wgmma_desc_sw128(k_tile + (k / 4) * kFp16AtomBytes + 32 * (k % 4)), 1u);
+    ptx::wgmma_m64n128k16_f16_ss(s, q_desc + k16_step_offset(k), k_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
 }
 
 // O += P V over the tile's 128 key positions (eight k16 steps of P's registers).
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32], const uint8_t* v_tile) {
+  const uint64_t v_desc = ptx::wgmma_desc_sw128(v_tile);
   ptx::wgmma_fence();  // the softmax wrote pa and the rescale wrote o
 #pragma unroll
   for (int k = 0; k < kTileKeys / 16; ++k) {
     const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-    ptx::wgmma_m64n128k16_f16_rs(o, a, ptx::wgmma_desc_sw128(v_tile + (k / 4) * kFp16AtomBytes + 32 * (k % 4)), 1u);
+    ptx::wgmma_m64n128k16_f16_rs(o, a, v_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
 }
@@ -150,10 +172,10 @@ __device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& s
 __device__ __forceinline__ bool signals_for_warpgroup_nvfp4() { return threadIdx.x % kWarpgroupThreads == 0; }
 
 // Waits for the K tile of `slot` and issues S = delta + Q' K'^T.
-__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* const (&q_atoms)[2],
-                                                    Nvfp4SharedStorage& sm, const RingSlot& slot) {
+__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], uint64_t q_desc, Nvfp4SharedStorage& sm,
+                                                    const RingSlot& slot) {
   ptx::mbarrier_wait(&sm.k_full[slot.stage()], slot.parity());
-  issue_qk(s, q_atoms, sm.k[slot.stage()][0]);
+  issue_qk(s, q_desc, sm.k[slot.stage()][0]);
 }
 
 // Waits for the V tile before `slot` (the tile of the last softmax) and issues O += P V.
@@ -166,7 +188,7 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
 
 // After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
-template <bool kQuantizeP>
+template <int kVariant>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
                                             Nvfp4SharedStorage& sm, RingSlot& slot, bool last_tile, bool pv_done,
                                             float c) {
@@ -178,7 +200,15 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
     if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
   }
-  nvfp4_softmax_tile<kQuantizeP>(s, pa, st, c, sm.recip);
+  if constexpr ((kVariant & kSoftmax) != 0) {
+    nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0>(s, pa, st, c, sm.recip);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const __half2 h = __floats2half2_rn(s[2 * i], s[2 * i + 1]);
+      pa[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
   // O *= alpha, skipped when the warp's 16 rows all kept their max (alpha = 1 exactly: the
   // product would change nothing), which is most tiles once a row has seen a few.
   if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
@@ -205,14 +235,17 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
   }
 }
 
-template <bool kQuantizeP, int consumer>
-__device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Params& p) {
+// `consumer` (0 or 1) is a runtime value: one copy of this code serves both warpgroups, which
+// halves the kernel's instructions (two copies thrashed the instruction cache: "no instruction"
+// stalls, benchmarks/RESULTS.md).
+template <int kVariant>
+__device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Params& p, int consumer) {
   const int tid = threadIdx.x % kWarpgroupThreads;
   const int warp = tid / 32, lane = tid % 32;
   const int quad_col = 2 * (lane % 4);
   const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
-  // This consumer's 64 rows of each Q atom (8 KB in: still 1024-byte aligned).
-  const uint8_t* const q_atoms[2] = {sm.q[0] + 64 * consumer * 128, sm.q[1] + 64 * consumer * 128};
+  // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
+  const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[0] + 64 * consumer * 128);
 
   float s[64], o[64];
   uint32_t pa[32];
@@ -220,8 +253,8 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
   for (int i = 0; i < 32; ++i) pa[i] = 0u;
   Nvfp4RowState st;
 
-  constexpr uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
-  if constexpr (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
+  const uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
+  if (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
 
   RingSlot slot;
   uint32_t items = 0;
@@ -237,18 +270,18 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
     load_delta(s, sm, slot, quad_col);
     ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
-    issue_qk_when_ready(s, q_atoms, sm, slot);
+    issue_qk_when_ready(s, q_desc, sm, slot);
     ptx::named_barrier_arrive(other_turn, kPingPongThreads);
     ptx::wgmma_wait<0>();
-    after_gemms<kQuantizeP>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
       ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
-      issue_qk_when_ready(s, q_atoms, sm, slot);
+      issue_qk_when_ready(s, q_desc, sm, slot);
       ptx::named_barrier_arrive(other_turn, kPingPongThreads);
       ptx::wgmma_wait<0>();
-      after_gemms<kQuantizeP>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
     ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
@@ -262,11 +295,11 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
   }
   // Consumer 1 arrived once more on consumer 0's turn than consumer 0 synced (its opening arrive).
-  if constexpr (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
+  if (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
 }
 
-// kQuantizeP: false only in benchmark builds (P packed unquantised, to measure the quantisation).
-template <bool kQuantizeP>
+// kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant).
+template <int kVariant>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
@@ -290,15 +323,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       produce_tiles(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
-      produce_delta(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
+      produce_delta<kVariant>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }
   } else {
     ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();
-    if (warpgroup == 1) {
-      consume<kQuantizeP, 0>(sm, p);
-    } else {
-      consume<kQuantizeP, 1>(sm, p);
-    }
+    consume<kVariant>(sm, p, warpgroup - 1);
   }
 }
 

@@ -103,7 +103,7 @@ __device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
 // is the maximum of the row's group maxima. That is one max pass instead of two, and the scales
 // (a division, a conversion and a table load in a chain) are under way while the 64
 // exponentials run.
-template <bool kQuantizeP>
+template <bool kQuantizeP, bool kFastRounding>
 __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa)[32], Nvfp4RowState& st, float c,
                                                    const float* recip_table) {
   float gmax[2][2];  // [window][row]
@@ -142,8 +142,8 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
   // The saturating rounding only when some group of the warp needs it (subnormal scales: groups
-  // far below the row max); warp-uniform, so no divergence.
-  if (__any_sync(0xffffffffu, saturates)) {
+  // far below the row max); warp-uniform, so no divergence. kFastRounding = false: always.
+  if (!kFastRounding || __any_sync(0xffffffffu, saturates)) {
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
 #pragma unroll
