@@ -4,8 +4,8 @@ Times the attention kernel of the production build and of builds with a KernelCo
 changed, on one input whose operands the production pre-pass wrote once: ``quantize_p=False``
 (P packed to FP16 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their
 products), ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), and
-``fast_rounding=False`` (a production alternative: one P rounding path, always saturating). The variants'
-outputs are not attention (except the first three); their times say what each part costs.
+``fast_rounding=False`` (a production alternative: one P rounding path, always saturating).
+Outputs of the delta / softmax builds are not attention; their times say what each part costs.
 Median of CUDA-event timings; TFLOP/s = 4 L^2 H 128 / time.
 
     python benchmarks/bench_nvfp4_wgmma_variants.py [--tokens 61440] [--heads 56] [--iters 5]

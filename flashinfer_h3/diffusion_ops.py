@@ -33,7 +33,6 @@ from torch import Tensor
 
 from . import backends
 from .constants import HEAD_DIM
-from .layout import workspace_bytes_fp8, workspace_bytes_nvfp4
 from .plan import PLANS, Plan, captured_plan
 from .workspace import captured_views, eager_views, layout_for
 
@@ -58,6 +57,41 @@ _I32 = torch.int32
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
+
+
+def workspace_bytes_nvfp4(tokens: int, num_heads: int, num_segments: int, *,
+                          backend: str | None = None) -> int:
+    """Exact workspace size, in bytes, of an NVFP4 call with these counts on ``backend`` (a
+    backend name; default: the one a call would use now on the current CUDA device; without a
+    GPU, the NVFP4 operands' layout). The Hopper kernel's layout adds the FP16 operands."""
+    return _workspace_bytes("nvfp4", tokens, num_heads, num_segments, backend)
+
+
+def workspace_bytes_fp8(tokens: int, num_heads: int, num_segments: int, *,
+                        backend: str | None = None) -> int:
+    """Exact workspace size, in bytes, of an FP8 call with these counts (``backend`` as for
+    :func:`workspace_bytes_nvfp4`)."""
+    return _workspace_bytes("fp8", tokens, num_heads, num_segments, backend)
+
+
+def _workspace_bytes(op: str, tokens: int, heads: int, segments: int,
+                     backend: str | None) -> int:
+    layout = op  # the operator's own layout: what every kernel backend reads at least
+    if backend is not None and backend.strip().lower() == backends.AUTO:
+        backend = None
+    if backend is not None:
+        layout = backends.get(op, backend).workspace or ""
+    elif torch.cuda.is_available():
+        choice, source = backends.current_choice(op)
+        try:
+            chosen = backends.resolve(op, torch.cuda.get_device_capability(), choice,
+                                      source=source)
+            layout = chosen.workspace or ""
+        except RuntimeError:  # no backend here (a call would raise): the operator's layout
+            pass
+    size = layout_for(op, tokens, heads, segments).total_bytes  # checks the counts
+    return size if layout == op else (layout_for(layout, tokens, heads, segments).total_bytes
+                                      if layout else 0)
 
 
 def minimax_h3_sm120_varlen_attention_nvfp4(

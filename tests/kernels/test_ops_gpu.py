@@ -579,6 +579,11 @@ def test_device_errors(op: str, case: tuple) -> None:
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_cpu_error_table_on_gpu_tensors(op: str) -> None:
     """Every case of the CPU table, with CUDA tensors (``meta`` there = the CPU here)."""
+    import sys
+    from pathlib import Path
+
+    # tests/unit is on sys.path only when pytest collected a file there: not for this file alone.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
     from test_api_errors import CASES, _args
 
     def to_gpu(x: Any) -> Any:

@@ -689,3 +689,23 @@ def test_nvfp4_fp16_layout_and_window_key_order() -> None:
     assert full["q_f16"].shape == (3, 1000, 128) and full["q_f16"].dtype == torch.float16
     assert all(r.offset % 256 == 0 for r in full.regions)
     assert full.total_bytes >= base.total_bytes + 2 * 3 * 128 * (1000 + 2 * nvk)
+
+
+def test_workspace_bytes_per_backend() -> None:
+    from flashinfer_h3.layout import nvfp4_fp16_layout
+
+    T, H, S = 5000, 3, 4
+    base = nvfp4_layout(T, H, S).total_bytes
+    hopper = nvfp4_fp16_layout(T, H, S).total_bytes
+    assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="wgmma_fp16_nvfp4") == hopper
+    assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="mma_sync_fp4") == base
+    assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="reference") == 0
+    assert flashinfer_h3.workspace_bytes_fp8(T, H, S, backend="wgmma_fp8") == \
+        flashinfer_h3.workspace_bytes_fp8(T, H, S, backend="mma_sync_fp8")
+    if not torch.cuda.is_available():  # no GPU: the operator's own layout
+        assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S) == base
+        assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="auto") == base
+    with pytest.raises(ValueError, match="not a nvfp4 backend"):
+        flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="fast")
+    with pytest.raises(ValueError, match="num_heads"):
+        flashinfer_h3.workspace_bytes_nvfp4(T, 0, S, backend="wgmma_fp16_nvfp4")

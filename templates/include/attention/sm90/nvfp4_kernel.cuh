@@ -195,8 +195,12 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ptx::fence_operands(s);
   ptx::fence_operands(o);
   ptx::fence_operands(pa);
+  // K: one arrival per warp (lane 0, after its warp's loads of this tile's delta): the slot's
+  // delta buffer is rewritten by the delta warps once the slot is refilled, and each warp's own
+  // release orders its reads before that (a warpgroup's single arrival would not, formally).
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
   if (signals_for_warpgroup_nvfp4()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
     if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
   }

@@ -41,8 +41,8 @@ __device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dyn
 }
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
-// bytes (delta_full: every lane of the three delta warps); K tiles are read by both consumers and
-// the delta warps, V tiles and the Q block by the consumers.
+// bytes (delta_full: every lane of the three delta warps); empty barriers: K tiles (and their delta)
+// on each consumer warp and each delta warp, V tiles and the Q block on each consumer warpgroup.
 constexpr uint32_t kDeltaThreads = 3 * 32;
 
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
@@ -50,7 +50,7 @@ __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kStages; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers + 3);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers * kWarpgroupThreads / 32 + 3);  // consumer warps + delta warps
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
     ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);
