@@ -14,11 +14,11 @@ Median of CUDA-event timings; TFLOP/s = 4 L^2 H 128 / time.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from flashinfer_h3 import backends
+from flashinfer_h3.__main__ import _time_cuda  # the bench command's timer
 from flashinfer_h3.benchtools import KernelOnly
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
@@ -30,19 +30,6 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "benchmark build: no delta products": {"delta": False},
     "benchmark build: no softmax (S packed as P)": {"softmax": False},
 }
-
-
-def time_ms(fn, iters: int) -> float:
-    fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -64,7 +51,7 @@ def main() -> None:
         prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
         ko = KernelOnly("nvfp4", prepared, q, k, v, out, bounds, 128**-0.5)
         ko.prime()
-        ms = time_ms(ko.run, args.iters)
+        ms = _time_cuda(ko.run, args.iters, warmup=1)
         result = out.clone()
         diff = ""
         if reference_out is None:

@@ -108,16 +108,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16
   ptx::wgmma_commit();
 }
 
-template <int N, typename T>
-__device__ __forceinline__ void fence_all(T (&x)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) ptx::fence_operand(x[i]);
-}
-
-// The thread that arrives on `empty` barriers for its warpgroup (read from %tid when needed: a
-// register kept for it across the tile loop is one the loop lacks).
-__device__ __forceinline__ bool signals_for_warpgroup() { return threadIdx.x % kWarpgroupThreads == 0; }
-
 // head * stride as an unsigned 32 x 32 -> 64-bit product (both are >= 0): the int64 product needs
 // the stride's sign word, which the compiler hoists out of the item loop and keeps in a register
 // across the tile loop.
@@ -148,8 +138,8 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uin
 // the tile that PV multiplied).
 __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
                                           const float (&alpha)[2], SharedStorage& sm, int stage) {
-  fence_all(otmp);
-  fence_all(pa);
+  ptx::fence_operands(otmp);
+  ptx::fence_operands(pa);
   if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
@@ -161,7 +151,7 @@ template <int kPolyExp2Every>
 __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, SharedStorage& sm,
                                           RingSlot& slot, const WorkItem& it, int t, int tiles, float sk,
                                           float c, int quad_col) {
-  fence_all(s);
+  ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
     ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
     if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
@@ -182,7 +172,7 @@ template <int kPolyExp2Every>
 __device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, SharedStorage& sm,
                                                     const RingSlot& slot, const WorkItem& it, int t, int tiles,
                                                     float sk, float c, int quad_col) {
-  fence_all(s);
+  ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
     ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
     if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);

@@ -82,7 +82,6 @@ __device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict
   return op;
 }
 
-constexpr int kDeltaWarps = 3;
 constexpr int kDeltaMaxBlocks = (kTileKeys / 16 + kDeltaWarps - 1) / kDeltaWarps;  // m16 blocks a warp
 
 // delta of the m16 blocks first, first + 3, ... of the K tile at `k_tile` (two 64-channel atoms

@@ -169,8 +169,6 @@ __device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& s
   }
 }
 
-__device__ __forceinline__ bool signals_for_warpgroup_nvfp4() { return threadIdx.x % kWarpgroupThreads == 0; }
-
 // Waits for the K tile of `slot` and issues S = delta + Q' K'^T.
 __device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], uint64_t q_desc, Nvfp4SharedStorage& sm,
                                                     const RingSlot& slot) {
@@ -200,7 +198,7 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   // release orders its reads before that (a warpgroup's single arrival would not, formally).
   __syncwarp();
   if (threadIdx.x % 32 == 0) ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
-  if (signals_for_warpgroup_nvfp4()) {
+  if (signals_for_warpgroup()) {
     if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
   }
@@ -293,7 +291,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(pa);
-    if (signals_for_warpgroup_nvfp4()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
+    if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
     // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
     const WorkItem again = work_item(p.plan, w);
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);

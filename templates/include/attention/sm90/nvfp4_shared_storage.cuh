@@ -17,6 +17,7 @@ namespace sm90 {
 
 constexpr int kFp16AtomBytes = 128 * 128;              // 128 rows x 64 f16
 constexpr uint32_t kFp16TileBytes = 2 * kFp16AtomBytes;  // one 128 x 128 f16 tile
+constexpr int kDeltaWarps = 3;  // warps 1-3 of the producer warpgroup (nvfp4_delta.cuh)
 constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7F
 
 struct alignas(1024) Nvfp4SharedStorage {
@@ -25,7 +26,7 @@ struct alignas(1024) Nvfp4SharedStorage {
   uint8_t v[kStages][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
   float delta[kStages][kTileKeys];        // delta (or -inf) of the K tile's positions
   float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
-  uint32_t qbar_parts[3][2 * 64];         // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
+  uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
   uint64_t q_full, q_empty;
   uint64_t k_full[kStages], k_empty[kStages];
   uint64_t v_full[kStages], v_empty[kStages];
@@ -43,14 +44,14 @@ __device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dyn
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
 // bytes (delta_full: every lane of the three delta warps); empty barriers: K tiles (and their delta)
 // on each consumer warp and each delta warp, V tiles and the Q block on each consumer warpgroup.
-constexpr uint32_t kDeltaThreads = 3 * 32;
+constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kStages; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers * kWarpgroupThreads / 32 + 3);  // consumer warps + delta warps
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers * kWarpgroupThreads / 32 + kDeltaWarps);  // consumer + delta warps
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
     ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);

@@ -68,5 +68,9 @@ struct RingSlot {
 enum NamedBarrier : uint32_t { kTurn = 1 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 
+// The thread that arrives on `empty` barriers for its warpgroup (read from %tid when needed: a
+// register kept for it across the tile loop is one the loop lacks).
+__device__ __forceinline__ bool signals_for_warpgroup() { return threadIdx.x % kWarpgroupThreads == 0; }
+
 }  // namespace sm90
 }  // namespace flashinfer_h3
