@@ -1,14 +1,19 @@
 """Host (CPU) time of one cached-plan call with ``cu_seqlens_host`` (SPEC 6: at most ~20 us).
 
 The GPU is kept busy by a long sleep kernel queued first, so the host never waits for it and the
-per-call time is pure launch-path cost. The call is split into its parts:
+per-call time is pure launch-path cost, as long as the timed launches fit in the GPU's launch
+queue (about a thousand kernels): a call of the Hopper NVFP4 backend launches 7 kernels (three
+pre-pass, three FP16 expansion, the attention kernel), so 200 calls overflowed it and the host
+then waited for the sleep (a measured "519 us" a call was that wait). Hence 64 calls a repeat.
+The call is split into its parts:
 
-- ``full``: the public operator (validation, plan and workspace lookup, two tvm-ffi calls);
+- ``full``: the public operator (validation, plan and workspace lookup, the backend's tvm-ffi
+  calls: two, three for the Hopper NVFP4 backend);
 - ``python``: the same call with the kernel backend replaced by a no-op (our Python only);
-- ``kernels``: the two tvm-ffi calls alone, arguments prepared once (binding + launches);
+- ``kernels``: the tvm-ffi calls alone, arguments prepared once (binding + launches);
 - ``torch add_``: one tiny torch launch, the yardstick of this machine's launch cost.
 
-Usage: ``python benchmarks/bench_host_overhead.py [--calls 200] [--json FILE]``.
+Usage: ``python benchmarks/bench_host_overhead.py [--calls 64] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ def _host_us(fn: Callable[[], object], calls: int, repeats: int = 5) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=64,
+                        help="calls per timed repeat; keep calls x launches per call below ~1000")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 

@@ -65,7 +65,7 @@ if [[ $what == all || $what == sanitize ]]; then
     cat > /tmp/small_call.py <<'PY'
 import torch
 from flashinfer_h3 import varlen_attention_fp8, varlen_attention_nvfp4
-bounds = [0, 1, 17, 17, 162, 300]
+bounds = [0, 1, 17, 17, 162, 300, 700, 1500]  # a segment of > 2 tiles reuses ring slots within an item
 t = bounds[-1]
 q, k, v = (torch.randn(t, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")

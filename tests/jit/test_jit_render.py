@@ -201,3 +201,31 @@ def test_flags_order_does_not_matter() -> None:
     a = KernelConfig("utils", flags={"a": 1, "b": 2})
     b = KernelConfig("utils", flags=[("b", 2), ("a", 1)])
     assert a == b and a.flags == (("a", 1), ("b", 2))
+
+
+@pytest.mark.parametrize(
+    ("module", "flags", "expected"),
+    [
+        ("fp8_wgmma", {}, ["kPolyExp2Every = 16;", "kSchedule = 0;", "kPingPong = true;"]),
+        (
+            "fp8_wgmma",
+            {"poly_exp2_every": 8, "consumer_schedule": 2, "ping_pong": False},
+            ["kPolyExp2Every = 8;", "kSchedule = 2;", "kPingPong = false;"],
+        ),
+        ("nvfp4_wgmma", {}, ["kVariant = fh3::sm90::kNvfp4Production;"]),
+        (
+            "nvfp4_wgmma",
+            {"quantize_p": False, "ping_pong": False},
+            ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder"],
+        ),
+    ],
+)
+def test_benchmark_flags_reach_the_hopper_bindings(
+    module: str, flags: dict, expected: list[str]
+) -> None:
+    # The benchmark-only builds (benchmarks/bench_wgmma_variants.py) are KernelConfig flags; a
+    # template reading a name outside `flags` would silently render its default instead.
+    spec = make_spec(KernelConfig(module, arch="sm_90a", flags=flags))
+    text = "\n".join(source for _, source in spec.sources)
+    for line in expected:
+        assert line in text, f"{module} {flags}: {line!r} not in the rendered binding"

@@ -34,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "attention/epilogue.cuh"
 #include "attention/softmax.cuh"
 #include "attention/tile_schedule.cuh"
 #include "attention/mma_sync/mma_fp8.cuh"
@@ -53,6 +54,7 @@ constexpr int kTileKeys = 64;                   // keys per KV tile
 constexpr int kKScaleKeys = 128;                // keys per K-scale block (layout.Q_BLOCK)
 constexpr int kSTiles = kTileKeys / 8;          // 8 n8 accumulators of S per tile
 constexpr int kOTiles = kHeadDim / 8;           // 16 n8 accumulators of O
+static_assert(kOTiles == attention::kEpilogueChunks, "the epilogue writes 16 n8 accumulators a row");
 constexpr int kQKSteps = kHeadDim / 32;         // 4 k32 steps of QK^T (channels)
 constexpr int kPVSteps = kTileKeys / 32;        // 2 k32 steps of PV (keys)
 constexpr int kStages = 4;
@@ -323,14 +325,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Cta& cta, in
     if (row >= cta.row_end) continue;
     __nv_bfloat16* dst =
         p.out + (static_cast<int64_t>(row) * p.heads + cta.head) * kHeadDim + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      const float2 s = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
-      const __nv_bfloat162 v =
-          __floats2bfloat162_rn(__fdiv_rn(__fmul_rn(o[j][2 * r], s.x), l),
-                                __fdiv_rn(__fmul_rn(o[j][2 * r + 1], s.y), l));
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = v;
-    }
+    attention::store_row_bf16<true>(dst, sv, l,
+                                    [&](int j) { return make_float2(o[j][2 * r], o[j][2 * r + 1]); });
   }
 }
 

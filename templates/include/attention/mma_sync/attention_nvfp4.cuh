@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "attention/epilogue.cuh"
 #include "attention/mma_sync/mma_fp4.cuh"
 #include "attention/softmax.cuh"
 #include "attention/tile_schedule.cuh"
@@ -42,6 +43,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWarpRows = kBlockRows / kWarps;  // 16: one m16 MMA row block per warp
 constexpr int kTileKeys = softmax::kTileKeys;   // 128
 constexpr int kNTiles = softmax::kNTiles;       // 16 n8 accumulators (S: keys, O: channels)
+static_assert(kNTiles == attention::kEpilogueChunks, "the epilogue writes 16 n8 accumulators a row");
 constexpr int kStages = 3;
 static_assert(kWarpRows == 16, "each warp owns one m16 row block");
 static_assert(kThreads == 2 * kTileKeys && kThreads == 2 * kHeadDim,
@@ -334,13 +336,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Cta& cta, in
     const int row = cta.row_begin + warp * kWarpRows + g + 8 * r;
     if (row >= cta.row_end) continue;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.heads + cta.head) * kHeadDim + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      // SPEC 3.8: bf16_rn(O / l), one rounding.
-      const __nv_bfloat162 v =
-          __floats2bfloat162_rn(__fdiv_rn(o[j][2 * r], l), __fdiv_rn(o[j][2 * r + 1], l));
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = v;
-    }
+    // SPEC 3.8: bf16_rn(O / l), one rounding.
+    attention::store_row_bf16<false>(dst, nullptr, l,
+                                     [&](int j) { return make_float2(o[j][2 * r], o[j][2 * r + 1]); });
   }
 }
 

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../epilogue.cuh"
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
@@ -115,10 +116,6 @@ __device__ __forceinline__ uint64_t head_offset(int head, int stride) {
   return static_cast<uint64_t>(static_cast<uint32_t>(head)) * static_cast<uint32_t>(stride);
 }
 
-__device__ __forceinline__ void gemm_phase_begin(uint32_t my_turn) {
-  ptx::named_barrier_sync(my_turn, kPingPongThreads);
-}
-
 // Waits for the K tile of `slot` and issues S = Q K^T on it.
 __device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* q_rows, SharedStorage& sm,
                                                     const RingSlot& slot) {
@@ -194,15 +191,9 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
     const float l = quad_sum(st.l[r]);
     const int row = row0 + 8 * r;
     if (row >= it.row_end) continue;
-    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int ch = 8 * i + quad_col;
-      const float2 s2 = __ldg(reinterpret_cast<const float2*>(sv + ch));
-      const float x0 = (o[4 * i + 2 * r] * s2.x) / l;
-      const float x1 = (o[4 * i + 2 * r + 1] * s2.y) / l;
-      *reinterpret_cast<__nv_bfloat162*>(dst + ch) = __floats2bfloat162_rn(x0, x1);
-    }
+    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
+    attention::store_row_bf16<true>(dst, sv + quad_col, l,
+                                    [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
 
@@ -221,7 +212,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // freed 64 registers but measured 8-10 % slower: every GEMM waited for at once.)
 enum Schedule : int { kFusedPhases = 0, kOverlapped = 2 };
 
-template <int kPolyExp2Every, int kSchedule, int consumer>
+template <int kPolyExp2Every, int kSchedule, bool kPingPong, int consumer>
 __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
   const int tid = threadIdx.x % kWarpgroupThreads;
   const int warp = tid / 32, lane = tid % 32;
@@ -237,8 +228,8 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
   for (int i = 0; i < 16; ++i) pa[i] = 0u;
   Fp8RowState st;
 
-  constexpr uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
-  if constexpr (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
+  const PingPong<kPingPong> turn(consumer);
+  turn.start(consumer);
 
   RingSlot slot;
   uint32_t items = 0;
@@ -259,20 +250,20 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
     {
       const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
-      gemm_phase_begin(my_turn);
+      turn.wait();
       issue_qk_when_ready(s, q_rows, sm, slot);
-      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      turn.pass();
       ptx::wgmma_wait<0>();
       finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage();
       const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
-      gemm_phase_begin(my_turn);
+      turn.wait();
       if constexpr (kSchedule == kOverlapped) {
         issue_qk_when_ready(s, q_rows, sm, slot);
         issue_pv_when_ready(otmp, pa, sm, slot);
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        turn.pass();
         const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
         ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
         softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
@@ -283,7 +274,7 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
       } else {
         issue_pv_when_ready(otmp, pa, sm, slot);
         issue_qk_when_ready(s, q_rows, sm, slot);
-        ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+        turn.pass();
         ptx::wgmma_wait<1>();
         finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
         ptx::wgmma_wait<0>();
@@ -292,9 +283,9 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     }
     {
       const int pv_stage = slot.previous_stage();
-      gemm_phase_begin(my_turn);
+      turn.wait();
       issue_pv_when_ready(otmp, pa, sm, slot);
-      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      turn.pass();
       ptx::wgmma_wait<0>();
       finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
     }
@@ -302,13 +293,13 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     // across the tile loop costs registers the loop needs.
     store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
   }
-  // Consumer 1 arrived once more on consumer 0's turn than consumer 0 synced (its opening arrive).
-  if constexpr (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
+  turn.finish(consumer);
 }
 
 // kPolyExp2Every: every n-th exponential of the softmax on the FMA pipe (0: all on MUFU);
-// kSchedule: the consumers' GEMM schedule (Schedule above).
-template <int kPolyExp2Every, int kSchedule>
+// kSchedule: the consumers' GEMM schedule (Schedule above); kPingPong: the consumers' GEMM
+// phases alternate (PingPong, shared_storage.cuh; false only in benchmark builds).
+template <int kPolyExp2Every, int kSchedule, bool kPingPong = true>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                const __grid_constant__ CUtensorMap tm_v, const Fp8Params p) {
@@ -330,9 +321,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The consumer index as a template argument: barrier ids and row offsets become immediates
     // (a runtime index kept them in registers and pushed the fused schedule into spills).
     if (warpgroup == 1) {
-      consume<kPolyExp2Every, kSchedule, 0>(sm, p);
+      consume<kPolyExp2Every, kSchedule, kPingPong, 0>(sm, p);
     } else {
-      consume<kPolyExp2Every, kSchedule, 1>(sm, p);
+      consume<kPolyExp2Every, kSchedule, kPingPong, 1>(sm, p);
     }
   }
 }

@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../epilogue.cuh"
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
@@ -52,13 +53,14 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
               "the consumers' registers must come from the producer's");
 
 // What a build computes (KernelConfig flags of benchmark-only builds switch parts off to measure
-// their cost, benchmarks/bench_nvfp4_wgmma_variants.py; production = kNvfp4Production).
+// their cost, benchmarks/bench_wgmma_variants.py; production = kNvfp4Production).
 enum Nvfp4Variant : int {
   kQuantizeP = 1,    // P quantised to NVFP4 (off: Ptil packed to FP16 as it is)
   kComputeDelta = 2, // the delta warps' products (off: they only pass the barriers on)
   kSoftmax = 4,      // the softmax (off: S packed to FP16 as P, no exponentials)
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
-  kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding,
+  kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
+  kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder,
 };
 
 struct Nvfp4Params {
@@ -113,6 +115,7 @@ __device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage();
       ptx::mbarrier_wait(&sm.k_full[st], slot.parity());
+      ptx::mbarrier_wait(&sm.delta_empty[st], slot.parity() ^ 1u);  // the consumers loaded its last delta
       if constexpr ((kVariant & kComputeDelta) != 0) {
         tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
       }
@@ -156,7 +159,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
   ptx::wgmma_commit();
 }
 
-// The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e].
+// The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e];
+// then the warp hands the delta buffer back to the delta warps.
 __device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& sm, const RingSlot& slot,
                                            int quad_col) {
   ptx::mbarrier_wait(&sm.delta_full[slot.stage()], slot.parity());
@@ -167,6 +171,10 @@ __device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& s
     s[4 * i] = s[4 * i + 2] = v.x;
     s[4 * i + 1] = s[4 * i + 3] = v.y;
   }
+  // Every lane releases its own loads (as every delta lane publishes its own writes): the
+  // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
+  // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
+  ptx::mbarrier_arrive(&sm.delta_empty[slot.stage()]);
 }
 
 // Waits for the K tile of `slot` and issues S = delta + Q' K'^T.
@@ -193,12 +201,8 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ptx::fence_operands(s);
   ptx::fence_operands(o);
   ptx::fence_operands(pa);
-  // K: one arrival per warp (lane 0, after its warp's loads of this tile's delta): the slot's
-  // delta buffer is rewritten by the delta warps once the slot is refilled, and each warp's own
-  // release orders its reads before that (a warpgroup's single arrival would not, formally).
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
   if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
     if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
   }
@@ -228,12 +232,9 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
     const float l = quad_sum(st.l[r]);
     const int row = row0 + 8 * r;
     if (row >= it.row_end) continue;
-    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i + quad_col) =
-          __floats2bfloat162_rn(__fdiv_rn(o[4 * i + 2 * r], l), __fdiv_rn(o[4 * i + 2 * r + 1], l));
-    }
+    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
+    attention::store_row_bf16<false>(dst, nullptr, l,
+                                     [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
 
@@ -255,8 +256,8 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
   for (int i = 0; i < 32; ++i) pa[i] = 0u;
   Nvfp4RowState st;
 
-  const uint32_t my_turn = kTurn + consumer, other_turn = kTurn + (1 - consumer);
-  if (consumer == 1) ptx::named_barrier_arrive(other_turn, kPingPongThreads);  // consumer 0 goes first
+  const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
+  turn.start(consumer);
 
   RingSlot slot;
   uint32_t items = 0;
@@ -271,23 +272,23 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
     load_delta(s, sm, slot, quad_col);
-    ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+    turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
-    ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+    turn.pass();
     ptx::wgmma_wait<0>();
     after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
-      ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+      turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
       issue_qk_when_ready(s, q_desc, sm, slot);
-      ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+      turn.pass();
       ptx::wgmma_wait<0>();
       after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
-    ptx::named_barrier_sync(my_turn, kPingPongThreads);  // my GEMM phase
+    turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
-    ptx::named_barrier_arrive(other_turn, kPingPongThreads);
+    turn.pass();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(pa);
@@ -296,8 +297,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     const WorkItem again = work_item(p.plan, w);
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
   }
-  // Consumer 1 arrived once more on consumer 0's turn than consumer 0 synced (its opening arrive).
-  if (consumer == 0) ptx::named_barrier_sync(my_turn, kPingPongThreads);
+  turn.finish(consumer);
 }
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant).

@@ -30,7 +30,7 @@ struct alignas(1024) Nvfp4SharedStorage {
   uint64_t q_full, q_empty;
   uint64_t k_full[kStages], k_empty[kStages];
   uint64_t v_full[kStages], v_empty[kStages];
-  uint64_t delta_full[kStages];
+  uint64_t delta_full[kStages], delta_empty[kStages];
 };
 
 constexpr int kNvfp4SmemBytes = static_cast<int>(sizeof(Nvfp4SharedStorage)) + 1024;  // + alignment slack
@@ -42,19 +42,25 @@ __device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dyn
 }
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
-// bytes (delta_full: every lane of the three delta warps); empty barriers: K tiles (and their delta)
-// on each consumer warp and each delta warp, V tiles and the Q block on each consumer warpgroup.
+// bytes (delta_full: every lane of the three delta warps, each after its own writes); empty
+// barriers: K tiles on each consumer warpgroup (its wgmma read them) and each delta warp (its
+// ldmatrix did), the delta buffer on every consumer thread (after its own loads: a direct
+// consumer -> delta-warp handoff, which compute-sanitizer's racecheck can follow; the indirect
+// one through k_empty, the producer's copy and k_full is as safe but not visible to it), V tiles
+// and the Q block on each consumer warpgroup.
 constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
+constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kStages; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers * kWarpgroupThreads / 32 + kDeltaWarps);  // consumer + delta warps
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaWarps);
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
     ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);
+    ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
   }
   ptx::fence_mbarrier_init();
 }

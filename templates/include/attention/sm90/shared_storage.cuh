@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../../ptx/mbarrier.cuh"
+#include "../../ptx/warpgroup.cuh"
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -67,6 +68,33 @@ struct RingSlot {
 // the other's tensor-core work.
 enum NamedBarrier : uint32_t { kTurn = 1 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
+
+// Consumer c's side of the ping-pong: wait() before its GEMM phase, pass() once its GEMMs are
+// issued. Consumer 0 goes first: consumer 1 passes once at the start (start()), and consumer 0
+// takes that extra turn at the end (finish()), so both barriers end balanced. kEnabled = false
+// (benchmark-only builds, to measure what the ordering gives) leaves the consumers unordered.
+template <bool kEnabled>
+struct PingPong {
+  uint32_t mine, other;
+  __device__ __forceinline__ explicit PingPong(int consumer)
+      : mine(kTurn + static_cast<uint32_t>(consumer)), other(kTurn + 1u - static_cast<uint32_t>(consumer)) {}
+  __device__ __forceinline__ void start(int consumer) const {
+    if constexpr (kEnabled) {
+      if (consumer == 1) ptx::named_barrier_arrive(other, kPingPongThreads);
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (kEnabled) ptx::named_barrier_sync(mine, kPingPongThreads);
+  }
+  __device__ __forceinline__ void pass() const {
+    if constexpr (kEnabled) ptx::named_barrier_arrive(other, kPingPongThreads);
+  }
+  __device__ __forceinline__ void finish(int consumer) const {
+    if constexpr (kEnabled) {
+      if (consumer == 0) ptx::named_barrier_sync(mine, kPingPongThreads);
+    }
+  }
+};
 
 // The thread that arrives on `empty` barriers for its warpgroup (read from %tid when needed: a
 // register kept for it across the tile loop is one the loop lacks).
