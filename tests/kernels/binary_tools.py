@@ -1,12 +1,14 @@
-"""Reading a built kernel module back from its binary, for the nvcc build/SASS tests (no GPU).
+"""Reading a built kernel module back from its binary, for the nvcc build/SASS tests (no GPU),
+and building header-only device code as a host library for exhaustive CPU checks.
 
-Every function takes the module's ``.so`` and the kernel's (mangled-name substring) ``kernel``;
+Every reader takes the module's ``.so`` and the kernel's (mangled-name substring) ``kernel``;
 cuobjdump comes from the CUDA toolkit or the pip ``nvidia-cuda-cuobjdump`` of the ``[test]``
 extra (``tests/conftest.py`` puts it on PATH); without it the calling test skips.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -68,3 +70,39 @@ def load(so: Path) -> Any:
     import tvm_ffi
 
     return tvm_ffi.load_module(str(so))
+
+
+def assert_no_local_memory(so: Path, kernel: str) -> None:
+    """No local memory at all: ptxas reports no stack frame and no spills, the resource usage
+    has STACK and LOCAL 0, and the SASS has no LDL / STL."""
+    report = ptxas_report(so, kernel)
+    print(report)
+    no_local = r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert re.search(no_local, report), report
+    res = resources(so, kernel)
+    print(f"{kernel}: {res}")
+    assert res["STACK"] == 0 and res["LOCAL"] == 0, res
+    local = [line.strip() for line in sass(so, kernel).splitlines()
+             if re.search(r"\b(?:LDL|STL)\b", line)]
+    assert not local, "local-memory accesses in the SASS:\n" + "\n".join(local[:20])
+
+
+def build_host_library(out: Path, stem: str, source: str, *, pthread: bool = False) -> ctypes.CDLL:
+    """``source`` (C++ that includes headers of templates/include) built by nvcc as a host
+    shared library and loaded. ``-x c++``: a host build with the CUDA headers (no __CUDACC__, so
+    no kernel launches); ``-ffp-contract=off`` keeps every a * b + c two roundings, as the
+    ``__f*_rn`` intrinsics are. Skips the calling test without nvcc."""
+    from flashinfer_h3.jit import find_nvcc
+    from flashinfer_h3.jit.env import include_dir
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("needs nvcc (none on PATH or CUDA_HOME)")
+    src, lib = out / f"{stem}.cpp", out / f"lib{stem}.so"
+    src.write_text(source)
+    host_flags = "-fPIC,-pthread,-ffp-contract=off" if pthread else "-fPIC,-ffp-contract=off"
+    cmd = [str(nvcc), "-x", "c++", "-std=c++17", "-O2", "-shared", "-Xcompiler", host_flags,
+           f"-I{include_dir()}", str(src), "-o", str(lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    return ctypes.CDLL(str(lib))

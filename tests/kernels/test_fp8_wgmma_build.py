@@ -52,16 +52,7 @@ def test_both_products_on_fp8_wgmma(so: Path) -> None:
 
 
 def test_resources(so: Path) -> None:
-    report = bt.ptxas_report(so, KERNEL)
-    print(report)
-    no_local = r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
-    assert re.search(no_local, report), report
-    res = bt.resources(so, KERNEL)
-    print(f"{KERNEL}: {res}")
-    assert res["STACK"] == 0 and res["LOCAL"] == 0, res
-    local = [line.strip() for line in bt.sass(so, KERNEL).splitlines()
-             if re.search(r"\b(?:LDL|STL)\b", line)]
-    assert not local, "local-memory accesses in the SASS:\n" + "\n".join(local[:20])
+    bt.assert_no_local_memory(so, KERNEL)
     smem = int(bt.load(so).attention_fp8_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
 

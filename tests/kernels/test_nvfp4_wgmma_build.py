@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import subprocess
 from pathlib import Path
 
 import binary_tools as bt
@@ -56,12 +55,7 @@ def test_both_products_on_fp16_wgmma(so: Path) -> None:
 
 
 def test_no_local_memory(so: Path) -> None:
-    report = bt.ptxas_report(so, KERNEL)
-    print(report)
-    none = r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
-    assert re.search(none, report), report
-    sass = bt.sass(so, KERNEL)
-    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the kernel"
+    bt.assert_no_local_memory(so, KERNEL)
     smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
 
@@ -139,20 +133,7 @@ extern "C" void round_all(const float* y, int64_t n, float* out) {
 
 @pytest.fixture(scope="module")
 def rounding(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    from flashinfer_h3.jit import find_nvcc
-    from flashinfer_h3.jit.env import include_dir
-
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("needs nvcc (none on PATH or CUDA_HOME)")
-    out = tmp_path_factory.mktemp("e2m1_round")
-    src, lib = out / "e2m1_round.cpp", out / "libe2m1_round.so"
-    src.write_text(ROUND_SOURCE)
-    cmd = [str(nvcc), "-x", "c++", "-std=c++17", "-O2", "-shared", "-Xcompiler",
-           "-fPIC,-ffp-contract=off", f"-I{include_dir()}", str(src), "-o", str(lib)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-    lib_ = ctypes.CDLL(str(lib))
+    lib_ = bt.build_host_library(tmp_path_factory.mktemp("e2m1_round"), "e2m1_round", ROUND_SOURCE)
     lib_.check_range.restype = ctypes.c_int64
     lib_.check_range.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
     lib_.check_range_below7.restype = ctypes.c_int64

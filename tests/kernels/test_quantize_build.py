@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import binary_tools as bt
 import pytest
 
 QUANTIZE_TEMPLATE = "quantize.cu.jinja"
@@ -513,22 +514,8 @@ extern "C" void e4m3_bytes(const float* x, int64_t n, uint8_t* out) {
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    from flashinfer_h3.jit import find_nvcc
-    from flashinfer_h3.jit.env import include_dir
-
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("needs nvcc (none on PATH or CUDA_HOME)")
-    out = tmp_path_factory.mktemp("quantize_emulator")
-    src, lib = out / "emulate_quantize.cpp", out / "libemulate_quantize.so"
-    src.write_text(EMULATOR_SOURCE)
-    # -x c++: a host C++ build with the CUDA headers (no __CUDACC__, so no kernel launches);
-    # -ffp-contract=off keeps every a * b + c two roundings, as the __f*_rn intrinsics are.
-    cmd = [str(nvcc), "-x", "c++", "-std=c++17", "-O2", "-shared", "-Xcompiler",
-           "-fPIC,-pthread,-ffp-contract=off", f"-I{include_dir()}", str(src), "-o", str(lib)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-    emu = ctypes.CDLL(str(lib))
+    emu = bt.build_host_library(tmp_path_factory.mktemp("quantize_emulator"), "emulate_quantize",
+                                EMULATOR_SOURCE, pthread=True)
     emu.check_e2m1_top_nibble.restype = ctypes.c_int64
     emu.check_e2m1_top_nibble.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
     emu.check_div6.restype = ctypes.c_int64

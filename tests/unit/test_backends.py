@@ -222,20 +222,26 @@ def test_plan_args_keep_nothing_of_a_captured_call() -> None:
     assert bound._entry is None
 
 
+class Recorder:
+    """A fake kernel module: records every exported function's call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: self.calls.append((name, args))
+
+
+class FakePlan:
+    """The parts of a Plan a launcher reads: the device tables and the used V columns."""
+
+    args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
+    host = type("Host", (), {"vkey_start": (0, 64, 192)})()
+
+
 def test_kernel_launchers_pass_the_documented_arguments() -> None:
     """Each kernel backend's launch: the pre-pass, then its attention kernel, with the
     arguments of docs/design.md (derived once per plan and views)."""
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.calls: list[tuple[str, tuple]] = []
-
-        def __getattr__(self, name: str):
-            return lambda *args: self.calls.append((name, args))
-
-    class FakePlan:
-        args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
-        host = type("Host", (), {"vkey_start": (0, 64, 192)})()
 
     plan = FakePlan()
     expected_tail = {
@@ -265,17 +271,6 @@ def test_wgmma_fp16_nvfp4_launcher_runs_prepass_expansion_and_kernel() -> None:
     """The Hopper NVFP4 backend: the NVFP4 pre-pass, its FP16 expansion (the NVFP4 code regions
     into the FP16 ones, with the used V columns), then the kernel on qbar and the FP16 regions;
     attention_only is the last call alone."""
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.calls: list[tuple[str, tuple]] = []
-
-        def __getattr__(self, name: str):
-            return lambda *args: self.calls.append((name, args))
-
-    class FakePlan:
-        args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
-        host = type("Host", (), {"vkey_start": (0, 64, 192)})()
 
     b = backends.get("nvfp4", "wgmma_fp16_nvfp4")
     assert b.workspace == "nvfp4_fp16" and b.module == "nvfp4_wgmma" and b.capturable

@@ -229,7 +229,7 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
   Fp8RowState st;
 
   const PingPong<kPingPong> turn(consumer);
-  turn.start(consumer);
+  turn.start();
 
   RingSlot slot;
   uint32_t items = 0;
@@ -293,7 +293,7 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
     // across the tile loop costs registers the loop needs.
     store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
   }
-  turn.finish(consumer);
+  turn.finish();
 }
 
 // kPolyExp2Every: every n-th exponential of the softmax on the FMA pipe (0: all on MUFU);

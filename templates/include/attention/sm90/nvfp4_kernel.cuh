@@ -257,7 +257,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
   Nvfp4RowState st;
 
   const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
-  turn.start(consumer);
+  turn.start();
 
   RingSlot slot;
   uint32_t items = 0;
@@ -297,7 +297,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     const WorkItem again = work_item(p.plan, w);
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
   }
-  turn.finish(consumer);
+  turn.finish();
 }
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant).

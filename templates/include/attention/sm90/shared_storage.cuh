@@ -75,12 +75,13 @@ constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 // (benchmark-only builds, to measure what the ordering gives) leaves the consumers unordered.
 template <bool kEnabled>
 struct PingPong {
-  uint32_t mine, other;
+  uint32_t mine, other;  // kTurn + this consumer, kTurn + the other one
   __device__ __forceinline__ explicit PingPong(int consumer)
       : mine(kTurn + static_cast<uint32_t>(consumer)), other(kTurn + 1u - static_cast<uint32_t>(consumer)) {}
-  __device__ __forceinline__ void start(int consumer) const {
+  __device__ __forceinline__ bool goes_first() const { return mine == kTurn; }
+  __device__ __forceinline__ void start() const {
     if constexpr (kEnabled) {
-      if (consumer == 1) ptx::named_barrier_arrive(other, kPingPongThreads);
+      if (!goes_first()) ptx::named_barrier_arrive(other, kPingPongThreads);
     }
   }
   __device__ __forceinline__ void wait() const {
@@ -89,9 +90,9 @@ struct PingPong {
   __device__ __forceinline__ void pass() const {
     if constexpr (kEnabled) ptx::named_barrier_arrive(other, kPingPongThreads);
   }
-  __device__ __forceinline__ void finish(int consumer) const {
+  __device__ __forceinline__ void finish() const {
     if constexpr (kEnabled) {
-      if (consumer == 0) ptx::named_barrier_sync(mine, kPingPongThreads);
+      if (goes_first()) ptx::named_barrier_sync(mine, kPingPongThreads);
     }
   }
 };
