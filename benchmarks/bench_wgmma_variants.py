@@ -6,20 +6,27 @@ operands the production pre-pass wrote once, and compares its output with the pr
 build's (rel L2; 0 means the same numbers). NVFP4 builds: ``quantize_p=False`` (P packed to FP16
 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their products),
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
-P rounding path, always saturating). FP8 builds: ``poly_exp2_every`` (every n-th exponential on
-the FMA pipe; production 16, 0 = none). Both: ``ping_pong=False`` (the two consumer warpgroups'
-GEMM phases not ordered). benchmarks/RESULTS.md also records builds tried and
-removed (other GEMM-phase schedules, waits and releases).
+P rounding path, always saturating), ``k_stages`` / ``v_stages`` (the K and V ring depths). FP8
+builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe; production 16, 0 = none),
+``stages`` (the K/V ring depth). Both: ``ping_pong=False`` (the two consumer warpgroups' GEMM
+phases not ordered), ``q_stages`` (Q blocks in flight). benchmarks/RESULTS.md also records builds
+tried and removed (other GEMM-phase schedules, waits and releases).
 Outputs of the delta / softmax builds are not attention; their times say what each part costs.
-Median of CUDA-event timings; TFLOP/s = 4 sum(L^2) H 128 / time.
+Builds are timed in turn, in rounds (a drift of the clock under the power cap falls on all of
+them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
 
     python benchmarks/bench_wgmma_variants.py [--op nvfp4,fp8] [--preset h3-10s,h3-mix]
-        [--shape 30720*4:56] [--iters 5] [--only SUBSTRING,...]
+        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import statistics
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,18 +48,58 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "benchmark build: no softmax (S packed as P)": {"softmax": False},
         "benchmark build: no softmax, no delta": {"softmax": False, "delta": False},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
+        "ring depths K 3, V 2": {"k_stages": 3},
+        "two Q blocks in flight": {"q_stages": 2},
+        "largest shared-memory carveout": {"smem_carveout": 100},
     },
     "fp8": {
         "production (fused phases, 1 in 16 exp2 on FMA)": {},
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "1 in 8 exp2 on FMA": {"poly_exp2_every": 8},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
+        "1 in 32 exp2 on FMA": {"poly_exp2_every": 32},
+        "ring depth 4": {"stages": 4},
+        "two Q blocks in flight (4 bytes of spills an item)": {"q_stages": 2},
+        "largest shared-memory carveout": {"smem_carveout": 100},
     },
 }
 
 
-def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int,
-        only: str | None) -> None:
+def timed_with_clocks(
+    fn: Callable[[], Any], iters: int
+) -> tuple[float, float | None, float | None]:
+    """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
+    clock (MHz) and board power (W) sampled every 100 ms meanwhile (else None): the H200 runs these
+    kernels at its 700 W cap, so a build's clock is part of its time (benchmarks/RESULTS.md)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return _time_cuda(fn, iters, warmup=1), None, None
+    query = [smi, "-i", str(torch.cuda.current_device()), "--query-gpu=clocks.sm,power.draw",
+             "--format=csv,noheader,nounits", "-lms", "100"]
+    with subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as sampler:
+        try:
+            ms = _time_cuda(fn, iters, warmup=1)
+        finally:
+            sampler.terminate()
+        lines = sampler.communicate()[0].splitlines()
+    samples = []
+    for line in lines[2:]:  # the first samples see the warm-up start
+        try:
+            mhz, watts = (float(x) for x in line.split(","))
+        except ValueError:
+            continue
+        samples.append((mhz, watts))
+    if not samples:
+        return ms, None, None
+    return ms, statistics.median(m for m, _ in samples), statistics.median(w for _, w in samples)
+
+
+def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
+        only: str | None, extra: dict[str, Path]) -> None:
+    """Times every selected build of ``op`` on one input: ``rounds`` rounds, each timing every
+    build once (``iters`` calls) in turn, so that a slow drift of the clock under the power cap
+    falls on all builds alike; prints the median over the rounds."""
     tokens = sum(lengths)
     bounds = tuple(int(x) for x in torch.tensor((0, *lengths)).cumsum(0).tolist())
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -62,16 +109,22 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int,
     module_name, backend_name = MODULES[op]
     backend = backends.get(op, backend_name)
     flops = attention_flops(lengths, heads)
+    builds: list[tuple[str, KernelOnly, str]] = []
     production = None
+    selected: list[tuple[str, Path]] = []
     for name, flags in VARIANTS[op].items():
         if only and flags and not any(part in name for part in only.split(",")):
             continue
-        module = load_so(build_module(KernelConfig(module_name, arch="sm_90a", flags=flags)))
+        config = KernelConfig(module_name, arch="sm_90a", flags=flags)
+        selected.append((name, Path(build_module(config))))
+    selected += [(f"module {path.name}", path) for label, path in extra.items() if label == op]
+    for name, path in selected:
+        module = load_so(path)
         prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
+        # Every build's prime() runs the same production pre-pass into the same workspace views.
         ko = KernelOnly(op, prepared, q, k, v, out, bounds, 128**-0.5)
         ko.prime()
-        ms = _time_cuda(ko.run, iters, warmup=1)
-        result = out.clone()
+        result = ko.run().clone()
         diff = ""
         if production is None:
             production = result
@@ -79,8 +132,21 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int,
             ref = production.float()
             rel = ((result.float() - ref).norm() / ref.norm()).item()
             diff = f", rel L2 vs production {rel:.2e}"
-        print(f"{op} {preset} ({tokens} x {heads}): {name}: {ms:.3f} ms, "
-              f"{flops / ms / 1e9:.1f} TFLOP/s{diff}", flush=True)
+        builds.append((name, ko, diff))
+    times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in builds]
+    for _ in range(rounds):
+        for i, (_, ko, _) in enumerate(builds):
+            times[i].append(timed_with_clocks(ko.run, iters))
+    for (name, _, diff), measured in zip(builds, times, strict=True):
+        ms = statistics.median(t for t, _, _ in measured)
+        spread = (max(t for t, _, _ in measured) - min(t for t, _, _ in measured)) / ms
+        clocks = ""
+        if all(m is not None for _, m, _ in measured):
+            clocks = (f", SM clock {statistics.median(m for _, m, _ in measured):.0f} MHz, "
+                      f"{statistics.median(w for _, _, w in measured):.0f} W")
+        print(f"{op} {preset} ({tokens} x {heads}): {name}: {ms:.3f} ms "
+              f"(rounds spread {100 * spread:.1f} %), {flops / ms / 1e9:.1f} TFLOP/s{diff}{clocks}",
+              flush=True)
 
 
 def main() -> None:
@@ -91,7 +157,12 @@ def main() -> None:
     ap.add_argument("--shape", action="append", default=[], metavar="LENGTHS:HEADS",
                     help="an extra shape, e.g. 30720*4:56 (four 30,720-token segments, 56 heads) "
                     "or 30720,15360:56; repeatable")
-    ap.add_argument("--iters", type=int, default=5, help="timed calls; the median is reported")
+    ap.add_argument("--iters", type=int, default=5, help="timed calls per build and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds; each times every build in turn, the median over them is reported")
+    ap.add_argument("--so", action="append", default=[], metavar="OP=PATH",
+                    help="also time this built module of op (e.g. fp8=old/fp8_wgmma.so: a build of "
+                    "another tree); repeatable")
     ap.add_argument("--only", default=None,
                     help="run only the variants whose name contains one of these comma-separated "
                     "substrings (and the production build)")
@@ -111,11 +182,17 @@ def main() -> None:
             shapes.append((text, tuple(lengths), int(heads_text)))
         except ValueError:
             ap.error(f"--shape: expected LENGTHS:HEADS such as 30720*4:56, got {text!r}")
+    extra: dict[str, Path] = {}
+    for text in args.so:
+        op_name, _, path_text = text.partition("=")
+        if op_name not in MODULES or not path_text or not Path(path_text).is_file():
+            ap.error(f"--so: expected OP=PATH (OP nvfp4 or fp8, an existing file), got {text!r}")
+        extra[op_name] = Path(path_text)
     for name, lengths_, heads in shapes:
         for op in args.op.split(","):
             if op not in MODULES:
                 ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
-            run(op, name, lengths_, heads, args.iters, args.only)
+            run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra)
 
 
 if __name__ == "__main__":

@@ -206,17 +206,28 @@ def test_flags_order_does_not_matter() -> None:
 @pytest.mark.parametrize(
     ("module", "flags", "expected"),
     [
-        ("fp8_wgmma", {}, ["kPolyExp2Every = 16;", "kSchedule = 0;", "kPingPong = true;"]),
         (
             "fp8_wgmma",
-            {"poly_exp2_every": 8, "consumer_schedule": 2, "ping_pong": False},
-            ["kPolyExp2Every = 8;", "kSchedule = 2;", "kPingPong = false;"],
+            {},
+            ["kPolyExp2Every = 16;", "kSchedule = 0;", "kPingPong = true;",
+             "kStages = fh3::sm90::kFp8Stages;"],
         ),
-        ("nvfp4_wgmma", {}, ["kVariant = fh3::sm90::kNvfp4Production;"]),
+        (
+            "fp8_wgmma",
+            {"poly_exp2_every": 8, "consumer_schedule": 2, "ping_pong": False, "stages": 3},
+            ["kPolyExp2Every = 8;", "kSchedule = 2;", "kPingPong = false;", "kStages = 3;"],
+        ),
         (
             "nvfp4_wgmma",
-            {"quantize_p": False, "ping_pong": False},
-            ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder"],
+            {},
+            ["kVariant = fh3::sm90::kNvfp4Production;", "kKStages = fh3::sm90::kNvfp4KStages;",
+             "kVStages = fh3::sm90::kNvfp4VStages;"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"quantize_p": False, "ping_pong": False, "k_stages": 2, "v_stages": 3},
+            ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder", "kKStages = 2;",
+             "kVStages = 3;"],
         ),
     ],
 )

@@ -22,12 +22,22 @@ namespace ptx {
 
 // Matrix descriptor of a K-major tile in the 128-byte swizzle, starting at `smem` (a 1024-byte
 // aligned tile plus a multiple of 32 bytes inside its first row).
+constexpr uint32_t kDescSw128High = (1024u >> 4) | (1u << 30);  // stride byte offset (8 rows x 128 bytes), swizzle
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
   const uint64_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   constexpr uint64_t kLeadingByteOffset = 1;          // unused by swizzled K-major layouts
-  constexpr uint64_t kStrideByteOffset = 1024 >> 4;   // 8 rows x 128 bytes
-  constexpr uint64_t kSwizzle128B = 1;
-  return ((addr & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16) | (kStrideByteOffset << 32) | (kSwizzle128B << 62);
+  return ((addr & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16) | (static_cast<uint64_t>(kDescSw128High) << 32);
+}
+
+// The same descriptor as its low word (start address and leading byte offset) and the constant
+// high word: `wgmma_desc_sw128_low(tile) + n` addresses 16 n bytes further, with 32-bit arithmetic
+// the compiler need not carry into the high word (the start-address field has room: shared memory
+// is below 2^18 bytes).
+__device__ __forceinline__ uint32_t wgmma_desc_sw128_low(const void* smem) {
+  return static_cast<uint32_t>(wgmma_desc_sw128(smem));
+}
+__device__ __forceinline__ uint64_t wgmma_desc_from_low(uint32_t low) {
+  return (static_cast<uint64_t>(kDescSw128High) << 32) | low;
 }
 
 // wgmma.fence (9.7.15.7.1): orders this thread's register writes before the wgmma that reads them

@@ -63,22 +63,24 @@ struct Fp8Params {
 
 // ---- producer ----------------------------------------------------------------------------------
 
-__device__ __forceinline__ void produce(SharedStorage& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+template <class Smem>
+__device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
   uint32_t items = 0;
   for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
-    ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
+    const int qs = static_cast<int>(items % Smem::kQStages);
+    ptx::mbarrier_wait(&sm.q_empty[qs], ((items / Smem::kQStages) & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full[qs], kBlockRows * kHeadDim);
+    ptx::tma_load_3d(sm.q[qs], tm_q, &sm.q_full[qs], 0, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int st = slot.stage();
-      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity() ^ 1u);
+      const int st = slot.stage<Smem::kStages>();
+      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
       ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
-      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity() ^ 1u);
+      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
       ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
     }
@@ -87,24 +89,31 @@ __device__ __forceinline__ void produce(SharedStorage& sm, const CUtensorMap* tm
 
 // ---- consumers ---------------------------------------------------------------------------------
 
+// Descriptor units (>> 4) of k32 step k inside a tile: its 32-byte slice of every 128-byte row,
+// a constant added to the tile's descriptor (the start-address field has room: shared memory is
+// below 2^18 bytes), so no descriptor is built between two wgmmas.
+__host__ __device__ constexpr uint32_t k32_step_offset(int k) { return static_cast<uint32_t>(32 * k) >> 4; }
+
 // S = Q K^T over the 128 channels: four k32 steps along the 128-byte rows of both tiles.
 __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_tile) {
+  const uint32_t q_desc = ptx::wgmma_desc_sw128_low(q_rows), k_desc = ptx::wgmma_desc_sw128_low(k_tile);
   ptx::wgmma_fence();  // the softmax read s: order that before the wgmma writes it
 #pragma unroll
   for (int k = 0; k < kHeadDim / 32; ++k) {
-    ptx::wgmma_m64n128k32_e4m3_ss(s, ptx::wgmma_desc_sw128(q_rows + 32 * k), ptx::wgmma_desc_sw128(k_tile + 32 * k),
-                                  k > 0);
+    ptx::wgmma_m64n128k32_e4m3_ss(s, ptx::wgmma_desc_from_low(q_desc + k32_step_offset(k)),
+                                  ptx::wgmma_desc_from_low(k_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
 }
 
 // Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh accumulator.
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile) {
+  const uint32_t v_desc = ptx::wgmma_desc_sw128_low(v_tile);
   ptx::wgmma_fence();  // the softmax wrote pa and the O update read o: order both before the wgmma
 #pragma unroll
   for (int k = 0; k < kTileKeys / 32; ++k) {
     const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_sw128(v_tile + 32 * k), k > 0);
+    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
 }
@@ -116,25 +125,38 @@ __device__ __forceinline__ uint64_t head_offset(int head, int stride) {
   return static_cast<uint64_t>(static_cast<uint32_t>(head)) * static_cast<uint32_t>(stride);
 }
 
+// Consumer `consumer`'s 64 rows of the Q block of its `items`-th item, recomputed at each use:
+// the fence keeps the compiler from hoisting the address out of the tile loop (with two Q blocks,
+// a pointer held across it was a register the loop lacks, and spilled).
+template <int consumer, class Smem>
+__device__ __forceinline__ const uint8_t* q_rows_of(Smem& sm, uint32_t items) {
+  ptx::fence_operand(items);
+  return sm.q[items % Smem::kQStages] + 64 * consumer * kHeadDim;  // 8 KB in: still 1024-byte aligned
+}
+
 // Waits for the K tile of `slot` and issues S = Q K^T on it.
-__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* q_rows, SharedStorage& sm,
+template <class Smem>
+__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* q_rows, Smem& sm,
                                                     const RingSlot& slot) {
-  ptx::mbarrier_wait(&sm.k_full[slot.stage()], slot.parity());
-  issue_qk(s, q_rows, sm.k[slot.stage()]);
+  const int stage = slot.stage<Smem::kStages>();
+  ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
+  issue_qk(s, q_rows, sm.k[stage]);
 }
 
 // Waits for the V tile of the slot before `slot` (the tile of the last softmax) and issues P V.
-__device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uint32_t (&pa)[16], SharedStorage& sm,
-                                                    const RingSlot& slot) {
-  const int stage = slot.previous_stage();
-  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity());
+template <class Smem>
+__device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uint32_t (&pa)[16],
+                                                    Smem& sm, const RingSlot& slot) {
+  const int stage = slot.previous_stage<Smem::kStages>();
+  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kStages>());
   issue_pv(otmp, pa, sm.v[stage]);
 }
 
 // After the PV wgmma completed: release its V tile, O = alpha O + Otmp (alpha: the rescale of
 // the tile that PV multiplied).
+template <class Smem>
 __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
-                                          const float (&alpha)[2], SharedStorage& sm, int stage) {
+                                          const float (&alpha)[2], Smem& sm, int stage) {
   ptx::fence_operands(otmp);
   ptx::fence_operands(pa);
   if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
@@ -144,14 +166,14 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uin
 
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax step that makes P of tile t.
-template <int kPolyExp2Every>
-__device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, SharedStorage& sm,
-                                          RingSlot& slot, const WorkItem& it, int t, int tiles, float sk,
-                                          float c, int quad_col) {
+template <int kPolyExp2Every, class Smem>
+__device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st,
+                                          Smem& sm, RingSlot& slot, const WorkItem& it, uint32_t items,
+                                          int t, int tiles, float sk, float c, int quad_col) {
   ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
   }
   const int valid = it.seg_len - t * kTileKeys;
   if (valid < kTileKeys) {
@@ -165,14 +187,14 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
 // The overlapped schedule's softmax half: release tile t's K (and the Q block after the last
 // tile) and turn S into Ptil in place while the previous tile's PV still runs; returns nothing,
 // P is packed after that PV completed (its A registers are still being read until then).
-template <int kPolyExp2Every>
-__device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, SharedStorage& sm,
-                                                    const RingSlot& slot, const WorkItem& it, int t, int tiles,
-                                                    float sk, float c, int quad_col) {
+template <int kPolyExp2Every, class Smem>
+__device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, Smem& sm,
+                                                    const RingSlot& slot, const WorkItem& it, uint32_t items,
+                                                    int t, int tiles, float sk, float c, int quad_col) {
   ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
   }
   const int valid = it.seg_len - t * kTileKeys;
   if (valid < kTileKeys) {
@@ -209,16 +231,17 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // value held across the tile loop (an invariant of the item loop too) is one the loop lacks, hence
 // the item loop's condition and head_offset.
 // (A third schedule, QK^T and PV in phases of their own with PV's accumulator in S's registers,
-// freed 64 registers but measured 8-10 % slower: every GEMM waited for at once.)
+// freed 64 registers but measured 8-10 % slower: every GEMM waited for at once. A fourth, the
+// fused phases with O = alpha O + Otmp moved into the exponential loop of the next tile, measured
+// 3 % slower.)
 enum Schedule : int { kFusedPhases = 0, kOverlapped = 2 };
 
-template <int kPolyExp2Every, int kSchedule, bool kPingPong, int consumer>
-__device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
+template <int kPolyExp2Every, int kSchedule, bool kPingPong, int consumer, class Smem>
+__device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   const int tid = threadIdx.x % kWarpgroupThreads;
   const int warp = tid / 32, lane = tid % 32;
   const int quad_col = 2 * (lane % 4);                      // first of the thread's two columns per chunk
   const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
-  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;  // 8 KB: still 1024-byte aligned
 
   float s[64], otmp[64], o[64];
   uint32_t pa[16];
@@ -244,45 +267,46 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    const int q_stage = static_cast<int>(items % Smem::kQStages);
+    ptx::mbarrier_wait(&sm.q_full[q_stage], (items / Smem::kQStages) & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
     {
       const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
       turn.wait();
-      issue_qk_when_ready(s, q_rows, sm, slot);
+      issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
+      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, items, 0, tiles, sk, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
-      const int pv_stage = slot.previous_stage();
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
       const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
       turn.wait();
       if constexpr (kSchedule == kOverlapped) {
-        issue_qk_when_ready(s, q_rows, sm, slot);
+        issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
         issue_pv_when_ready(otmp, pa, sm, slot);
         turn.pass();
         const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
         ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
-        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
+        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, items, t, tiles, sk, p.c, quad_col);
         ptx::wgmma_wait<0>();
         finish_pv(o, otmp, pa, alpha_prev, sm, pv_stage);
         pack_p(s, pa);
         ++slot.index;
       } else {
         issue_pv_when_ready(otmp, pa, sm, slot);
-        issue_qk_when_ready(s, q_rows, sm, slot);
+        issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
         turn.pass();
         ptx::wgmma_wait<1>();
         finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
         ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
+        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, items, t, tiles, sk, p.c, quad_col);
       }
     }
     {
-      const int pv_stage = slot.previous_stage();
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
       turn.wait();
       issue_pv_when_ready(otmp, pa, sm, slot);
       turn.pass();
@@ -298,13 +322,17 @@ __device__ __forceinline__ void consume(SharedStorage& sm, const Fp8Params& p) {
 
 // kPolyExp2Every: every n-th exponential of the softmax on the FMA pipe (0: all on MUFU);
 // kSchedule: the consumers' GEMM schedule (Schedule above); kPingPong: the consumers' GEMM
-// phases alternate (PingPong, shared_storage.cuh; false only in benchmark builds).
-template <int kPolyExp2Every, int kSchedule, bool kPingPong = true>
+// phases alternate (PingPong, shared_storage.cuh; false only in benchmark builds); kStages,
+// kQStages: the depths of the K and V rings and of the Q block's (dynamic shared memory:
+// smem_bytes<kStages, kQStages>()).
+template <int kPolyExp2Every, int kSchedule, bool kPingPong = true, int kStages = kFp8Stages,
+          int kQStages = kFp8QStages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                const __grid_constant__ CUtensorMap tm_v, const Fp8Params p) {
   extern __shared__ uint8_t dynamic_smem[];
-  SharedStorage& sm = shared_storage(dynamic_smem);
+  using Smem = SharedStorage<kStages, kQStages>;
+  Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
     init_barriers(sm);

@@ -72,38 +72,38 @@ struct Nvfp4Params {
 
 // ---- producer warpgroup --------------------------------------------------------------------
 
-__device__ __forceinline__ void produce_tiles(Nvfp4SharedStorage& sm, const CUtensorMap* tm_q,
-                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                              const Nvfp4Params& p) {
+template <class Smem>
+__device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                              const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
   uint32_t items = 0;
   for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
-    ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
-    ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
+    const int qs = static_cast<int>(items % Smem::kQStages);
+    ptx::mbarrier_wait(&sm.q_empty[qs], ((items / Smem::kQStages) & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full[qs], kFp16TileBytes);
+    ptx::tma_load_3d(sm.q[qs][0], tm_q, &sm.q_full[qs], 0, it.row_begin, it.head);
+    ptx::tma_load_3d(sm.q[qs][1], tm_q, &sm.q_full[qs], 64, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int st = slot.stage();
+      const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
       const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
-      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kFp16TileBytes);
-      ptx::tma_load_3d(sm.k[st][0], tm_k, &sm.k_full[st], 0, pos, it.head);
-      ptx::tma_load_3d(sm.k[st][1], tm_k, &sm.k_full[st], 64, pos, it.head);
-      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kFp16TileBytes);
-      ptx::tma_load_3d(sm.v[st][0], tm_v, &sm.v_full[st], pos, 0, it.head);
-      ptx::tma_load_3d(sm.v[st][1], tm_v, &sm.v_full[st], pos + 64, 0, it.head);
+      ptx::mbarrier_wait(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
+      ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
+      ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
+      ptx::mbarrier_wait(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.v_full[vs], kFp16TileBytes);
+      ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
+      ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
     }
   }
 }
 
 // A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
 // m16 blocks of delta into sm.delta[stage].
-template <int kVariant>
-__device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp4Params& p, int delta_warp,
-                                              int lane) {
+template <int kVariant, class Smem>
+__device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
   RingSlot slot;
   uint32_t* parts = sm.qbar_parts[delta_warp];
   for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x) {
@@ -113,9 +113,10 @@ __device__ __forceinline__ void produce_delta(Nvfp4SharedStorage& sm, const Nvfp
     const QbarOperand qb = load_qbar_operand(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, parts, lane);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int st = slot.stage();
-      ptx::mbarrier_wait(&sm.k_full[st], slot.parity());
-      ptx::mbarrier_wait(&sm.delta_empty[st], slot.parity() ^ 1u);  // the consumers loaded its last delta
+      const int st = slot.stage<Smem::kKStages>();
+      const uint32_t parity = slot.parity<Smem::kKStages>();
+      ptx::mbarrier_wait(&sm.k_full[st], parity);
+      ptx::mbarrier_wait(&sm.delta_empty[st], parity ^ 1u);  // the consumers loaded its last delta
       if constexpr ((kVariant & kComputeDelta) != 0) {
         tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
       }
@@ -161,10 +162,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
 
 // The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e];
 // then the warp hands the delta buffer back to the delta warps.
-__device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& sm, const RingSlot& slot,
-                                           int quad_col) {
-  ptx::mbarrier_wait(&sm.delta_full[slot.stage()], slot.parity());
-  const float* d = sm.delta[slot.stage()] + quad_col;
+template <class Smem>
+__device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
+  const int stage = slot.stage<Smem::kKStages>();
+  ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
+  const float* d = sm.delta[stage] + quad_col;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
@@ -174,37 +176,39 @@ __device__ __forceinline__ void load_delta(float (&s)[64], Nvfp4SharedStorage& s
   // Every lane releases its own loads (as every delta lane publishes its own writes): the
   // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
   // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
-  ptx::mbarrier_arrive(&sm.delta_empty[slot.stage()]);
+  ptx::mbarrier_arrive(&sm.delta_empty[stage]);
 }
 
 // Waits for the K tile of `slot` and issues S = delta + Q' K'^T.
-__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], uint64_t q_desc, Nvfp4SharedStorage& sm,
-                                                    const RingSlot& slot) {
-  ptx::mbarrier_wait(&sm.k_full[slot.stage()], slot.parity());
-  issue_qk(s, q_desc, sm.k[slot.stage()][0]);
+template <class Smem>
+__device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], uint64_t q_desc, Smem& sm, const RingSlot& slot) {
+  const int stage = slot.stage<Smem::kKStages>();
+  ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kKStages>());
+  issue_qk(s, q_desc, sm.k[stage][0]);
 }
 
 // Waits for the V tile before `slot` (the tile of the last softmax) and issues O += P V.
-__device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32_t (&pa)[32], Nvfp4SharedStorage& sm,
+template <class Smem>
+__device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32_t (&pa)[32], Smem& sm,
                                                     const RingSlot& slot) {
-  const int stage = slot.previous_stage();
-  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity());
+  const int stage = slot.previous_stage<Smem::kVStages>();
+  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kVStages>());
   issue_pv(o, pa, sm.v[stage][0]);
 }
 
 // After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
-template <int kVariant>
+template <int kVariant, class Smem>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
-                                            Nvfp4SharedStorage& sm, RingSlot& slot, bool last_tile, bool pv_done,
+                                            Smem& sm, RingSlot& slot, uint32_t items, bool last_tile, bool pv_done,
                                             float c) {
   ptx::fence_operands(s);
   ptx::fence_operands(o);
   ptx::fence_operands(pa);
   if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage()]);
-    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
-    if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
+    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
+    if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
     nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0>(s, pa, st, c, sm.recip);
@@ -241,14 +245,12 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
 // `consumer` (0 or 1) is a runtime value: one copy of this code serves both warpgroups, which
 // halves the kernel's instructions (two copies thrashed the instruction cache: "no instruction"
 // stalls, benchmarks/RESULTS.md).
-template <int kVariant>
-__device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Params& p, int consumer) {
+template <int kVariant, class Smem>
+__device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
   const int tid = threadIdx.x % kWarpgroupThreads;
   const int warp = tid / 32, lane = tid % 32;
   const int quad_col = 2 * (lane % 4);
   const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
-  // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
-  const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[0] + 64 * consumer * 128);
 
   float s[64], o[64];
   uint32_t pa[32];
@@ -267,7 +269,10 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    const int q_stage = static_cast<int>(items % Smem::kQStages);
+    // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
+    const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[q_stage][0] + 64 * consumer * 128);
+    ptx::mbarrier_wait(&sm.q_full[q_stage], (items / Smem::kQStages) & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
@@ -276,7 +281,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
-    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    after_gemms<kVariant>(s, o, pa, st, sm, slot, items, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
@@ -284,7 +289,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
       issue_qk_when_ready(s, q_desc, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      after_gemms<kVariant>(s, o, pa, st, sm, slot, items, t == tiles - 1, true, p.c);
     }
     turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
@@ -292,7 +297,7 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(pa);
-    if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage()]);
+    if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
     // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
     const WorkItem again = work_item(p.plan, w);
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
@@ -300,13 +305,16 @@ __device__ __forceinline__ void consume(Nvfp4SharedStorage& sm, const Nvfp4Param
   turn.finish();
 }
 
-// kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant).
-template <int kVariant>
+// kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
+// kVStages, kQStages: the depths of the K (and delta), V and Q rings (dynamic shared memory:
+// nvfp4_smem_bytes<kKStages, kVStages, kQStages>()).
+template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages, int kQStages = kNvfp4QStages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
+  using Smem = Nvfp4SharedStorage<kKStages, kVStages, kQStages>;
   extern __shared__ uint8_t dynamic_smem[];
-  Nvfp4SharedStorage& sm = nvfp4_shared_storage(dynamic_smem);
+  Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
     init_barriers(sm);

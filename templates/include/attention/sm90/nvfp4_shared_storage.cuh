@@ -1,6 +1,8 @@
 // Shared memory of the Hopper NVFP4 kernel (nvfp4_kernel.cuh): the FP16 tile ring, the delta
-// term of each K tile, and the reciprocal table of the P scales. The ring's pipeline (stages,
-// RingSlot, the named barriers of the ping-pong) is the FP8 kernel's (shared_storage.cuh).
+// term of each K tile, and the reciprocal table of the P scales. The rings' pipeline (RingSlot,
+// the named barriers of the ping-pong) is the FP8 kernel's (shared_storage.cuh); the K ring (and
+// the delta buffers, one per K tile) and the V ring have depths of their own, since 227 KB hold
+// the Q block and five FP16 tiles, not six.
 //
 // FP16 tiles are 128 rows of 128 channels (or keys): 256 bytes a row, stored as two "atoms" of
 // 128 rows x 128 bytes (64 values) in the 128-byte swizzle that TMA writes and the wgmma K-major
@@ -20,26 +22,38 @@ constexpr uint32_t kFp16TileBytes = 2 * kFp16AtomBytes;  // one 128 x 128 f16 ti
 constexpr int kDeltaWarps = 3;  // warps 1-3 of the producer warpgroup (nvfp4_delta.cuh)
 constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7F
 
+// Default ring depths. A third K (or V) stage measured slower (benchmarks/RESULTS.md), although
+// with two of each the consumers wait for a V tile, a K tile or its delta in about 9 % of their
+// samples.
+constexpr int kNvfp4KStages = 2;
+constexpr int kNvfp4VStages = 2;
+// Q blocks in flight (see the FP8 kernel's kFp8QStages): a second one measured 3 % slower.
+constexpr int kNvfp4QStages = 1;
+
+template <int kKDepth, int kVDepth, int kQDepth>
 struct alignas(1024) Nvfp4SharedStorage {
-  uint8_t q[2][kFp16AtomBytes];           // Q' of the block: atom a = channels 64a..; rows 64c.. of consumer c
-  uint8_t k[kStages][2][kFp16AtomBytes];  // K' tile: row = key position, atom a = channels 64a..
-  uint8_t v[kStages][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
-  float delta[kStages][kTileKeys];        // delta (or -inf) of the K tile's positions
+  static constexpr int kKStages = kKDepth;
+  static constexpr int kVStages = kVDepth;
+  static constexpr int kQStages = kQDepth;
+  uint8_t q[kQDepth][2][kFp16AtomBytes];  // Q' of a block: atom a = channels 64a..; rows 64c.. of consumer c
+  uint8_t k[kKDepth][2][kFp16AtomBytes];  // K' tile: row = key position, atom a = channels 64a..
+  uint8_t v[kVDepth][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
+  float delta[kKDepth][kTileKeys];        // delta (or -inf) of the K tile's positions
   float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
   uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
-  uint64_t q_full, q_empty;
-  uint64_t k_full[kStages], k_empty[kStages];
-  uint64_t v_full[kStages], v_empty[kStages];
-  uint64_t delta_full[kStages], delta_empty[kStages];
+  uint64_t q_full[kQDepth], q_empty[kQDepth];
+  uint64_t k_full[kKDepth], k_empty[kKDepth];
+  uint64_t v_full[kVDepth], v_empty[kVDepth];
+  uint64_t delta_full[kKDepth], delta_empty[kKDepth];
 };
 
-constexpr int kNvfp4SmemBytes = static_cast<int>(sizeof(Nvfp4SharedStorage)) + 1024;  // + alignment slack
-static_assert(kNvfp4SmemBytes <= 227 * 1024, "Hopper allows 227 KB of shared memory per block");
-
-__device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dynamic_smem) {
-  const uintptr_t p = (reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) & ~uintptr_t{1023};
-  return *reinterpret_cast<Nvfp4SharedStorage*>(p);
+// Dynamic shared memory to request (+ slack to align the start to 1024 bytes).
+template <int kKDepth, int kVDepth, int kQDepth>
+constexpr int nvfp4_smem_bytes() {
+  return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth, kQDepth>)) + 1024;
 }
+static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages, kNvfp4QStages>() <= 227 * 1024,
+              "Hopper allows 227 KB of shared memory per block");
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
 // bytes (delta_full: every lane of the three delta warps, each after its own writes); empty
@@ -51,16 +65,21 @@ __device__ __forceinline__ Nvfp4SharedStorage& nvfp4_shared_storage(uint8_t* dyn
 constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
-__device__ __forceinline__ void init_barriers(Nvfp4SharedStorage& s) {
-  ptx::mbarrier_init(&s.q_full, 1);
-  ptx::mbarrier_init(&s.q_empty, kConsumers);
-  for (int i = 0; i < kStages; ++i) {
+template <int kKDepth, int kVDepth, int kQDepth>
+__device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth, kQDepth>& s) {
+  for (int i = 0; i < kQDepth; ++i) {
+    ptx::mbarrier_init(&s.q_full[i], 1);
+    ptx::mbarrier_init(&s.q_empty[i], kConsumers);
+  }
+  for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
     ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaWarps);
-    ptx::mbarrier_init(&s.v_full[i], 1);
-    ptx::mbarrier_init(&s.v_empty[i], kConsumers);
     ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);
     ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
+  }
+  for (int i = 0; i < kVDepth; ++i) {
+    ptx::mbarrier_init(&s.v_full[i], 1);
+    ptx::mbarrier_init(&s.v_empty[i], kConsumers);
   }
   ptx::fence_mbarrier_init();
 }

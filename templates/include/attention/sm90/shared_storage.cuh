@@ -14,7 +14,14 @@ namespace sm90 {
 constexpr int kHeadDim = 128;
 constexpr int kBlockRows = 128;  // query rows of an item: two consumer warpgroups x 64
 constexpr int kTileKeys = 128;   // keys of a KV tile (= the FP8 K-scale block and the reference's tile)
-constexpr int kStages = 2;       // K and V tiles in flight
+// K and V tiles in flight: the FP8 kernel's default ring depth. Deeper rings measured slower
+// (benchmarks/RESULTS.md, 3 to 5 stages), although with 2 the consumers wait for a tile in about
+// 5 % of their samples.
+constexpr int kFp8Stages = 2;
+// Q blocks in flight. With two, the next item's Q block would load while the consumers still
+// work on the current one, but that measured 4 % slower (benchmarks/RESULTS.md), like the deeper
+// K/V rings: one it is.
+constexpr int kFp8QStages = 1;
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;  // producer + two consumers
@@ -22,29 +29,41 @@ constexpr uint32_t kTileBytes = kTileKeys * kHeadDim;            // one E4M3 til
 
 // Every tile is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 bytes, and
 // both TMA and the wgmma descriptors assume the pattern starts at the tile.
+template <int kDepth, int kQDepth>
 struct alignas(1024) SharedStorage {
-  uint8_t q[kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
-  uint8_t k[kStages][kTileBytes];    // K tile: row = key, 128 channel bytes
-  uint8_t v[kStages][kTileBytes];    // V^T tile: row = channel, 128 key bytes (FP8 key order)
-  uint64_t q_full, q_empty;
-  uint64_t k_full[kStages], k_empty[kStages];
-  uint64_t v_full[kStages], v_empty[kStages];
+  static constexpr int kStages = kDepth;
+  static constexpr int kQStages = kQDepth;
+  uint8_t q[kQDepth][kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
+  uint8_t k[kDepth][kTileBytes];              // K tile: row = key, 128 channel bytes
+  uint8_t v[kDepth][kTileBytes];              // V^T tile: row = channel, 128 key bytes (FP8 key order)
+  uint64_t q_full[kQDepth], q_empty[kQDepth];
+  uint64_t k_full[kDepth], k_empty[kDepth];
+  uint64_t v_full[kDepth], v_empty[kDepth];
 };
 
 // Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.
-constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+template <int kDepth, int kQDepth>
+constexpr int smem_bytes() {
+  return static_cast<int>(sizeof(SharedStorage<kDepth, kQDepth>)) + 1024;
+}
 
-__device__ __forceinline__ SharedStorage& shared_storage(uint8_t* dynamic_smem) {
+// The (1024-byte aligned) storage inside the dynamic shared memory; `Storage` is a SharedStorage
+// or the NVFP4 kernel's (nvfp4_shared_storage.cuh).
+template <class Storage>
+__device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
   const uintptr_t p = (reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) & ~uintptr_t{1023};
-  return *reinterpret_cast<SharedStorage*>(p);
+  return *reinterpret_cast<Storage*>(p);
 }
 
 // Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
 // arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup.
-__device__ __forceinline__ void init_barriers(SharedStorage& s) {
-  ptx::mbarrier_init(&s.q_full, 1);
-  ptx::mbarrier_init(&s.q_empty, kConsumers);
-  for (int i = 0; i < kStages; ++i) {
+template <int kDepth, int kQDepth>
+__device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kQDepth>& s) {
+  for (int i = 0; i < kQDepth; ++i) {
+    ptx::mbarrier_init(&s.q_full[i], 1);
+    ptx::mbarrier_init(&s.q_empty[i], kConsumers);
+  }
+  for (int i = 0; i < kDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
     ptx::mbarrier_init(&s.k_empty[i], kConsumers);
     ptx::mbarrier_init(&s.v_full[i], 1);
@@ -53,14 +72,29 @@ __device__ __forceinline__ void init_barriers(SharedStorage& s) {
   ptx::fence_mbarrier_init();
 }
 
-// Position in the ring: the producer and each consumer count KV tiles the same way.
+// Position in the rings: the producer and each consumer count KV tiles the same way. Tile `index`
+// sits in stage index % kDepth of a ring of kDepth buffers, and that buffer's mbarrier phases
+// alternate every kDepth tiles (the NVFP4 kernel's K and V rings have different depths and share
+// one count).
 struct RingSlot {
   uint32_t index = 0;  // tiles handled so far
-  __device__ __forceinline__ int stage() const { return static_cast<int>(index % kStages); }
-  __device__ __forceinline__ uint32_t parity() const { return (index / kStages) & 1u; }
+  template <int kDepth>
+  __device__ __forceinline__ int stage() const {
+    return static_cast<int>(index % kDepth);
+  }
+  template <int kDepth>
+  __device__ __forceinline__ uint32_t parity() const {
+    return (index / kDepth) & 1u;
+  }
   // The tile before this one (index >= 1).
-  __device__ __forceinline__ int previous_stage() const { return static_cast<int>((index - 1) % kStages); }
-  __device__ __forceinline__ uint32_t previous_parity() const { return ((index - 1) / kStages) & 1u; }
+  template <int kDepth>
+  __device__ __forceinline__ int previous_stage() const {
+    return static_cast<int>((index - 1) % kDepth);
+  }
+  template <int kDepth>
+  __device__ __forceinline__ uint32_t previous_parity() const {
+    return ((index - 1) / kDepth) & 1u;
+  }
 };
 
 // Named barriers (id 0 is __syncthreads). kTurn + c: consumer c may issue its GEMMs; the other
