@@ -9,8 +9,9 @@ without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their pro
 P rounding path, always saturating), ``k_stages`` / ``v_stages`` (the K and V ring depths). FP8
 builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe; production 16, 0 = none),
 ``stages`` (the K/V ring depth). Both: ``ping_pong=False`` (the two consumer warpgroups' GEMM
-phases not ordered), ``q_stages`` (Q blocks in flight). benchmarks/RESULTS.md also records builds
-tried and removed (other GEMM-phase schedules, waits and releases).
+phases not ordered), ``smem_carveout`` (the preferred shared-memory carveout). benchmarks/RESULTS.md
+also records builds tried and removed (other GEMM-phase schedules, waits and releases, a second Q
+block).
 Outputs of the delta / softmax builds are not attention; their times say what each part costs.
 Builds are timed in turn, in rounds (a drift of the clock under the power cap falls on all of
 them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
@@ -49,7 +50,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "benchmark build: no softmax, no delta": {"softmax": False, "delta": False},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
         "ring depths K 3, V 2": {"k_stages": 3},
-        "two Q blocks in flight": {"q_stages": 2},
         "largest shared-memory carveout": {"smem_carveout": 100},
     },
     "fp8": {
@@ -59,7 +59,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
         "1 in 32 exp2 on FMA": {"poly_exp2_every": 32},
         "ring depth 4": {"stages": 4},
-        "two Q blocks in flight (4 bytes of spills an item)": {"q_stages": 2},
         "largest shared-memory carveout": {"smem_carveout": 100},
     },
 }

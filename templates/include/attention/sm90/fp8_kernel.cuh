@@ -70,10 +70,9 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
   uint32_t items = 0;
   for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    const int qs = static_cast<int>(items % Smem::kQStages);
-    ptx::mbarrier_wait(&sm.q_empty[qs], ((items / Smem::kQStages) & 1u) ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full[qs], kBlockRows * kHeadDim);
-    ptx::tma_load_3d(sm.q[qs], tm_q, &sm.q_full[qs], 0, it.row_begin, it.head);
+    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
+    ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kStages>();
@@ -125,15 +124,6 @@ __device__ __forceinline__ uint64_t head_offset(int head, int stride) {
   return static_cast<uint64_t>(static_cast<uint32_t>(head)) * static_cast<uint32_t>(stride);
 }
 
-// Consumer `consumer`'s 64 rows of the Q block of its `items`-th item, recomputed at each use:
-// the fence keeps the compiler from hoisting the address out of the tile loop (with two Q blocks,
-// a pointer held across it was a register the loop lacks, and spilled).
-template <int consumer, class Smem>
-__device__ __forceinline__ const uint8_t* q_rows_of(Smem& sm, uint32_t items) {
-  ptx::fence_operand(items);
-  return sm.q[items % Smem::kQStages] + 64 * consumer * kHeadDim;  // 8 KB in: still 1024-byte aligned
-}
-
 // Waits for the K tile of `slot` and issues S = Q K^T on it.
 template <class Smem>
 __device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_t* q_rows, Smem& sm,
@@ -168,12 +158,12 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uin
 // tile), then the softmax step that makes P of tile t.
 template <int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st,
-                                          Smem& sm, RingSlot& slot, const WorkItem& it, uint32_t items,
-                                          int t, int tiles, float sk, float c, int quad_col) {
+                                          Smem& sm, RingSlot& slot, const WorkItem& it, int t, int tiles,
+                                          float sk, float c, int quad_col) {
   ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
     ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
   }
   const int valid = it.seg_len - t * kTileKeys;
   if (valid < kTileKeys) {
@@ -189,12 +179,12 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
 // P is packed after that PV completed (its A registers are still being read until then).
 template <int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, Smem& sm,
-                                                    const RingSlot& slot, const WorkItem& it, uint32_t items,
-                                                    int t, int tiles, float sk, float c, int quad_col) {
+                                                    const RingSlot& slot, const WorkItem& it, int t, int tiles,
+                                                    float sk, float c, int quad_col) {
   ptx::fence_operands(s);
   if (signals_for_warpgroup()) {
     ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
   }
   const int valid = it.seg_len - t * kTileKeys;
   if (valid < kTileKeys) {
@@ -242,6 +232,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   const int warp = tid / 32, lane = tid % 32;
   const int quad_col = 2 * (lane % 4);                      // first of the thread's two columns per chunk
   const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;  // 8 KB: still 1024-byte aligned
 
   float s[64], otmp[64], o[64];
   uint32_t pa[16];
@@ -267,42 +258,41 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    const int q_stage = static_cast<int>(items % Smem::kQStages);
-    ptx::mbarrier_wait(&sm.q_full[q_stage], (items / Smem::kQStages) & 1u);
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
     {
       const float sk = __ldg(ks + 0);  // in flight across the barrier and the GEMMs
       turn.wait();
-      issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
+      issue_qk_when_ready(s, q_rows, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, items, 0, tiles, sk, p.c, quad_col);
+      finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
       const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
       turn.wait();
       if constexpr (kSchedule == kOverlapped) {
-        issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
+        issue_qk_when_ready(s, q_rows, sm, slot);
         issue_pv_when_ready(otmp, pa, sm, slot);
         turn.pass();
         const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
         ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
-        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, items, t, tiles, sk, p.c, quad_col);
+        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
         ptx::wgmma_wait<0>();
         finish_pv(o, otmp, pa, alpha_prev, sm, pv_stage);
         pack_p(s, pa);
         ++slot.index;
       } else {
         issue_pv_when_ready(otmp, pa, sm, slot);
-        issue_qk_when_ready(s, q_rows_of<consumer>(sm, items), sm, slot);
+        issue_qk_when_ready(s, q_rows, sm, slot);
         turn.pass();
         ptx::wgmma_wait<1>();
         finish_pv(o, otmp, pa, st.alpha, sm, pv_stage);
         ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, items, t, tiles, sk, p.c, quad_col);
+        finish_qk<kPolyExp2Every>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
       }
     }
     {
@@ -322,16 +312,14 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 
 // kPolyExp2Every: every n-th exponential of the softmax on the FMA pipe (0: all on MUFU);
 // kSchedule: the consumers' GEMM schedule (Schedule above); kPingPong: the consumers' GEMM
-// phases alternate (PingPong, shared_storage.cuh; false only in benchmark builds); kStages,
-// kQStages: the depths of the K and V rings and of the Q block's (dynamic shared memory:
-// smem_bytes<kStages, kQStages>()).
-template <int kPolyExp2Every, int kSchedule, bool kPingPong = true, int kStages = kFp8Stages,
-          int kQStages = kFp8QStages>
+// phases alternate (PingPong, shared_storage.cuh; false only in benchmark builds); kStages: the
+// depth of the K and V rings (dynamic shared memory: smem_bytes<kStages>()).
+template <int kPolyExp2Every, int kSchedule, bool kPingPong = true, int kStages = kFp8Stages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                const __grid_constant__ CUtensorMap tm_v, const Fp8Params p) {
   extern __shared__ uint8_t dynamic_smem[];
-  using Smem = SharedStorage<kStages, kQStages>;
+  using Smem = SharedStorage<kStages>;
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {

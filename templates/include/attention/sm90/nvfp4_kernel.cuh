@@ -79,11 +79,10 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
   uint32_t items = 0;
   for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    const int qs = static_cast<int>(items % Smem::kQStages);
-    ptx::mbarrier_wait(&sm.q_empty[qs], ((items / Smem::kQStages) & 1u) ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full[qs], kFp16TileBytes);
-    ptx::tma_load_3d(sm.q[qs][0], tm_q, &sm.q_full[qs], 0, it.row_begin, it.head);
-    ptx::tma_load_3d(sm.q[qs][1], tm_q, &sm.q_full[qs], 64, it.row_begin, it.head);
+    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
+    ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
+    ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
@@ -200,14 +199,13 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
 template <int kVariant, class Smem>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
-                                            Smem& sm, RingSlot& slot, uint32_t items, bool last_tile, bool pv_done,
-                                            float c) {
+                                            Smem& sm, RingSlot& slot, bool last_tile, bool pv_done, float c) {
   ptx::fence_operands(s);
   ptx::fence_operands(o);
   ptx::fence_operands(pa);
   if (signals_for_warpgroup()) {
     ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
-    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty[items % Smem::kQStages]);
+    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
@@ -251,6 +249,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
   const int warp = tid / 32, lane = tid % 32;
   const int quad_col = 2 * (lane % 4);
   const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
+  const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[0] + 64 * consumer * 128);
 
   float s[64], o[64];
   uint32_t pa[32];
@@ -269,10 +269,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    const int q_stage = static_cast<int>(items % Smem::kQStages);
-    // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
-    const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[q_stage][0] + 64 * consumer * 128);
-    ptx::mbarrier_wait(&sm.q_full[q_stage], (items / Smem::kQStages) & 1u);
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
@@ -281,7 +278,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
-    after_gemms<kVariant>(s, o, pa, st, sm, slot, items, tiles == 1, false, p.c);
+    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
@@ -289,7 +286,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
       issue_qk_when_ready(s, q_desc, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      after_gemms<kVariant>(s, o, pa, st, sm, slot, items, t == tiles - 1, true, p.c);
+      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
     turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
@@ -306,13 +303,13 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 }
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
-// kVStages, kQStages: the depths of the K (and delta), V and Q rings (dynamic shared memory:
-// nvfp4_smem_bytes<kKStages, kVStages, kQStages>()).
-template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages, int kQStages = kNvfp4QStages>
+// kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
+// nvfp4_smem_bytes<kKStages, kVStages>()).
+template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
-  using Smem = Nvfp4SharedStorage<kKStages, kVStages, kQStages>;
+  using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;

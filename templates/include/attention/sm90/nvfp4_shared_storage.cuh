@@ -27,32 +27,29 @@ constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7
 // samples.
 constexpr int kNvfp4KStages = 2;
 constexpr int kNvfp4VStages = 2;
-// Q blocks in flight (see the FP8 kernel's kFp8QStages): a second one measured 3 % slower.
-constexpr int kNvfp4QStages = 1;
-
-template <int kKDepth, int kVDepth, int kQDepth>
+// (One Q block: a second one, loaded during the previous item, measured 3 % slower.)
+template <int kKDepth, int kVDepth>
 struct alignas(1024) Nvfp4SharedStorage {
   static constexpr int kKStages = kKDepth;
   static constexpr int kVStages = kVDepth;
-  static constexpr int kQStages = kQDepth;
-  uint8_t q[kQDepth][2][kFp16AtomBytes];  // Q' of a block: atom a = channels 64a..; rows 64c.. of consumer c
+  uint8_t q[2][kFp16AtomBytes];           // Q' of the block: atom a = channels 64a..; rows 64c.. of consumer c
   uint8_t k[kKDepth][2][kFp16AtomBytes];  // K' tile: row = key position, atom a = channels 64a..
   uint8_t v[kVDepth][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
   float delta[kKDepth][kTileKeys];        // delta (or -inf) of the K tile's positions
   float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
   uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
-  uint64_t q_full[kQDepth], q_empty[kQDepth];
+  uint64_t q_full, q_empty;
   uint64_t k_full[kKDepth], k_empty[kKDepth];
   uint64_t v_full[kVDepth], v_empty[kVDepth];
   uint64_t delta_full[kKDepth], delta_empty[kKDepth];
 };
 
 // Dynamic shared memory to request (+ slack to align the start to 1024 bytes).
-template <int kKDepth, int kVDepth, int kQDepth>
+template <int kKDepth, int kVDepth>
 constexpr int nvfp4_smem_bytes() {
-  return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth, kQDepth>)) + 1024;
+  return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth>)) + 1024;
 }
-static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages, kNvfp4QStages>() <= 227 * 1024,
+static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages>() <= 227 * 1024,
               "Hopper allows 227 KB of shared memory per block");
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
@@ -65,12 +62,10 @@ static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages, kNvfp4QStages>() <=
 constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
-template <int kKDepth, int kVDepth, int kQDepth>
-__device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth, kQDepth>& s) {
-  for (int i = 0; i < kQDepth; ++i) {
-    ptx::mbarrier_init(&s.q_full[i], 1);
-    ptx::mbarrier_init(&s.q_empty[i], kConsumers);
-  }
+template <int kKDepth, int kVDepth>
+__device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
+  ptx::mbarrier_init(&s.q_full, 1);
+  ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
     ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaWarps);

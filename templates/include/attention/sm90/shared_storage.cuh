@@ -18,10 +18,6 @@ constexpr int kTileKeys = 128;   // keys of a KV tile (= the FP8 K-scale block a
 // (benchmarks/RESULTS.md, 3 to 5 stages), although with 2 the consumers wait for a tile in about
 // 5 % of their samples.
 constexpr int kFp8Stages = 2;
-// Q blocks in flight. With two, the next item's Q block would load while the consumers still
-// work on the current one, but that measured 4 % slower (benchmarks/RESULTS.md), like the deeper
-// K/V rings: one it is.
-constexpr int kFp8QStages = 1;
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;  // producer + two consumers
@@ -29,22 +25,22 @@ constexpr uint32_t kTileBytes = kTileKeys * kHeadDim;            // one E4M3 til
 
 // Every tile is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 bytes, and
 // both TMA and the wgmma descriptors assume the pattern starts at the tile.
-template <int kDepth, int kQDepth>
+// (One Q block: a second one, loaded during the previous item, measured 4 % slower.)
+template <int kDepth>
 struct alignas(1024) SharedStorage {
   static constexpr int kStages = kDepth;
-  static constexpr int kQStages = kQDepth;
-  uint8_t q[kQDepth][kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
-  uint8_t k[kDepth][kTileBytes];              // K tile: row = key, 128 channel bytes
-  uint8_t v[kDepth][kTileBytes];              // V^T tile: row = channel, 128 key bytes (FP8 key order)
-  uint64_t q_full[kQDepth], q_empty[kQDepth];
+  uint8_t q[kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
+  uint8_t k[kDepth][kTileBytes];     // K tile: row = key, 128 channel bytes
+  uint8_t v[kDepth][kTileBytes];     // V^T tile: row = channel, 128 key bytes (FP8 key order)
+  uint64_t q_full, q_empty;
   uint64_t k_full[kDepth], k_empty[kDepth];
   uint64_t v_full[kDepth], v_empty[kDepth];
 };
 
 // Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.
-template <int kDepth, int kQDepth>
+template <int kDepth>
 constexpr int smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<kDepth, kQDepth>)) + 1024;
+  return static_cast<int>(sizeof(SharedStorage<kDepth>)) + 1024;
 }
 
 // The (1024-byte aligned) storage inside the dynamic shared memory; `Storage` is a SharedStorage
@@ -57,12 +53,10 @@ __device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
 
 // Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
 // arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup.
-template <int kDepth, int kQDepth>
-__device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kQDepth>& s) {
-  for (int i = 0; i < kQDepth; ++i) {
-    ptx::mbarrier_init(&s.q_full[i], 1);
-    ptx::mbarrier_init(&s.q_empty[i], kConsumers);
-  }
+template <int kDepth>
+__device__ __forceinline__ void init_barriers(SharedStorage<kDepth>& s) {
+  ptx::mbarrier_init(&s.q_full, 1);
+  ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
     ptx::mbarrier_init(&s.k_empty[i], kConsumers);
