@@ -3,8 +3,9 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|all]
-# (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; not part of all)
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|all]
+# (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
+# Hopper attention kernels, see below; neither is part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -98,4 +99,45 @@ if [[ $what == profile ]]; then
         ls -la "$OUT"
         timeout 120 python3 benchmarks/bench_quantize.py --standalone --profile --json "$OUT/bench_quantize.json"
     } 2>&1 | tee "$OUT/profile.log"
+fi
+
+if [[ $what == diagnose ]]; then
+    # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about 6 minutes:
+    # 1. the cycle microbenchmarks of their parts on resident operands (benchmarks/sm90_pipes.cu);
+    # 2. at h3-10s, the FP8 kernel without its softmax and without its O update (the pipeline
+    #    floor and the two-level accumulation's cost; the NVFP4 floors are in RESULTS.md), and
+    #    both kernels' schedule with PV(t - 1) under the softmax of tile t, P through shared
+    #    memory (consumer_schedule=3, pv_under_softmax=True), and FP8 with one PV accumulator
+    #    per 2 or 4 tiles (o_block);
+    #    their GPU tests against production run first;
+    # 3. Nsight Compute source counters of both production kernels at 16,384 x 16 (stall
+    #    summaries; the per-instruction CSVs compressed).
+    {
+        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I templates/include \
+            benchmarks/sm90_pipes.cu -o /tmp/sm90_pipes && /tmp/sm90_pipes --json "$OUT/pipes.json"
+    } 2>&1 | tee "$OUT/pipes.log"
+    {
+        # The schedule variants against production first (same output), then their times.
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -s \
+            -k "benchmark_builds or pv_under_softmax" tests/kernels/test_attention_fp8_wgmma_gpu.py \
+            2>&1 | tail -n 25
+        timeout 240 python3 benchmarks/bench_wgmma_variants.py --op fp8 --preset h3-10s \
+            --only "no softmax,no O,shared memory,Otmp over" --iters 5 --rounds 3
+        timeout 200 python3 benchmarks/bench_wgmma_variants.py --op nvfp4 --preset h3-10s \
+            --only "shared memory" --iters 5 --rounds 3
+    } 2>&1 | tee "$OUT/variants.log"
+    for op in fp8 nvfp4; do
+        timeout 200 ncu --kernel-name-base demangled -k "regex:attention_${op}_wgmma_kernel" \
+            --launch-count 1 --set full --import-source no -f -o "/tmp/$op" \
+            python3 benchmarks/bench_wgmma_variants.py --op "$op" --preset "" --shape 16384:16 \
+            --only none --iters 1 --rounds 1 > "/tmp/ncu_$op.log" 2>&1
+        ncu --import "/tmp/$op.ncu-rep" --page source --csv --print-source sass > "/tmp/${op}_src.csv" 2>&1
+        gzip -c "/tmp/${op}_src.csv" > "$OUT/${op}_src.csv.gz"
+        {
+            tail -n 5 "/tmp/ncu_$op.log"
+            ncu --import "/tmp/$op.ncu-rep" --page details 2>&1 | grep -E "Duration|SM Frequency|Issue Slots Busy|Tensor|Pipe|Warp Cycles|Eligible|Registers|Throughput" | head -40
+            python3 benchmarks/ncu_stalls.py "/tmp/${op}_src.csv" --top 40
+        } > "$OUT/${op}_stalls.txt" 2>&1
+    done
+    ls -la "$OUT"
 fi

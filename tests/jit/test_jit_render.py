@@ -209,13 +209,16 @@ def test_flags_order_does_not_matter() -> None:
         (
             "fp8_wgmma",
             {},
-            ["kPolyExp2Every = 16;", "kSchedule = 0;", "kPingPong = true;",
-             "kStages = fh3::sm90::kFp8Stages;"],
+            ["/*poly_exp2_every=*/16,", "/*consumer_schedule=*/0,", "/*ping_pong=*/true,",
+             "/*stages=*/fh3::sm90::kFp8Stages,", "/*softmax=*/true,", "/*o_update=*/true,",
+             "/*o_block=*/1>"],
         ),
         (
             "fp8_wgmma",
-            {"poly_exp2_every": 8, "consumer_schedule": 2, "ping_pong": False, "stages": 3},
-            ["kPolyExp2Every = 8;", "kSchedule = 2;", "kPingPong = false;", "kStages = 3;"],
+            {"poly_exp2_every": 8, "consumer_schedule": 2, "ping_pong": False, "stages": 3,
+             "softmax": False, "o_update": False, "o_block": 4},
+            ["/*poly_exp2_every=*/8,", "/*consumer_schedule=*/2,", "/*ping_pong=*/false,",
+             "/*stages=*/3,", "/*softmax=*/false,", "/*o_update=*/false,", "/*o_block=*/4>"],
         ),
         (
             "nvfp4_wgmma",
@@ -225,9 +228,10 @@ def test_flags_order_does_not_matter() -> None:
         ),
         (
             "nvfp4_wgmma",
-            {"quantize_p": False, "ping_pong": False, "k_stages": 2, "v_stages": 3},
+            {"quantize_p": False, "ping_pong": False, "k_stages": 2, "v_stages": 3,
+             "pv_under_softmax": True},
             ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder", "kKStages = 2;",
-             "kVStages = 3;"],
+             "kVStages = 3;", "| fh3::sm90::kPvUnderSoftmax"],
         ),
     ],
 )

@@ -10,7 +10,8 @@ on Gaussian inputs at the default scale). Shapes: empty, 1, 15-17, 63-65, 127-12
 4095/4097, 16,384 tokens, packed segments with empty ones, 10,000 segments of 0..7 tokens, 1-56
 heads, biased and heavy-tailed inputs, two softmax scales; execution: workspace unchanged,
 determinism, a side stream, CUDA-graph capture replayed on new inputs, no tokens. Added here:
-the public operator's auto backend on 9.0 through the whole call path.
+the public operator's auto backend on 9.0 through the whole call path, and the benchmark-only
+builds of both Hopper kernels that change the schedule, not the arithmetic, against production.
 """
 
 from __future__ import annotations
@@ -67,3 +68,84 @@ def test_public_operator_auto_backend(module: Any) -> None:
     assert torch.isfinite(out).all()
     for got in (out, other):
         assert rel_l2(got, ref) <= 0.02
+
+
+def kernel_only_outputs(
+    op: str, backend_name: str, modules: list[Any], bounds: tuple[int, ...]
+) -> list[torch.Tensor]:
+    """The attention kernel's output of each module (production first) on one 3-head Gaussian
+    input, each after the production pre-pass (benchtools.KernelOnly, as the variant bench)."""
+    from flashinfer_h3 import backends
+    from flashinfer_h3.benchtools import KernelOnly
+
+    backend = backends.get(op, backend_name)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    q, k, v = make_qkv(bounds[-1], 3, "gauss", 7)
+    outputs = []
+    for mod in modules:
+        prepared = backends.Prepared(backend, backend.make_launcher(mod, backend), dev)
+        ko = KernelOnly(op, prepared, q, k, v, torch.empty_like(q), bounds, 128**-0.5)
+        ko.prime()
+        outputs.append(ko.run().clone())
+    torch.cuda.synchronize()
+    return outputs
+
+
+def benchmark_build(module_name: str, flags: dict[str, Any]) -> Any:
+    from pathlib import Path
+
+    from flashinfer_h3.jit import KernelConfig, build_module
+    from flashinfer_h3.jit.load import load_so
+
+    return load_so(Path(build_module(KernelConfig(module_name, arch="sm_90a", flags=flags))))
+
+
+BENCHMARK_BOUNDS = [(0, 1, 17, 17, 162, 300, 700, 1500), (0, 4097)]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [{"consumer_schedule": 3}, {"stages": 3}, {"ping_pong": False}, {"o_block": 2}, {"o_block": 4}],
+    ids=["overlapped-smem-p", "ring-3", "no-ping-pong", "o-block-2", "o-block-4"],
+)
+@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=["packed", "4097"])
+def test_benchmark_builds_match_production(
+    module: Any, flags: dict[str, Any], bounds: tuple[int, ...]
+) -> None:
+    """The benchmark-only builds that change the schedule (benchmarks/bench_wgmma_variants.py)
+    give the production build's output: bit for bit for a deeper ring and no ping-pong; with P
+    through shared memory (an SS instead of an RS PV wgmma on the same codes) within 1e-5; with
+    one PV accumulator per 2 or 4 tiles (their sum accumulated inside the wgmma, whose FP8
+    accumulation keeps about 22 bits, instead of in FP32) within 1e-3. On segments of 1, 17,
+    162, ... tokens (single and partial tiles) and on one of 4,097 (33 tiles: both P-tile
+    parities, blocks cut by the segment's end, a masked last tile)."""
+    base, variant = kernel_only_outputs(
+        "fp8", "wgmma_fp8", [module, benchmark_build("fp8_wgmma", flags)], bounds
+    )
+    assert torch.isfinite(base).all() and torch.isfinite(variant).all()
+    if "consumer_schedule" in flags or "o_block" in flags:
+        err = rel_l2(variant, base)
+        same = torch.equal(base, variant)
+        print(f"{flags}: rel L2 vs production {err:.2e}, bit-identical {same}")
+        assert err <= (1e-3 if "o_block" in flags else 1e-5)
+    else:
+        assert torch.equal(base, variant)
+
+
+@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=["packed", "4097"])
+def test_nvfp4_pv_under_softmax_matches_production(bounds: tuple[int, ...]) -> None:
+    """The NVFP4 kernel's benchmark-only kPvUnderSoftmax schedule (P through a shared-memory
+    block, PV(t - 1) under the softmax of tile t) gives the production build's output within
+    1e-5 (the same P codes and products; an SS instead of an RS PV wgmma)."""
+    from flashinfer_h3.jit import get_module
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma NVFP4 kernel is a Hopper (compute capability 9.0) kernel")
+    base, variant = kernel_only_outputs(
+        "nvfp4", "wgmma_fp16_nvfp4",
+        [get_module("nvfp4_wgmma"), benchmark_build("nvfp4_wgmma", {"pv_under_softmax": True})],
+        bounds,
+    )
+    assert torch.isfinite(base).all()
+    print(f"NVFP4 P through shared memory: bit-identical {torch.equal(base, variant)}")
+    assert rel_l2(variant, base) <= 1e-5

@@ -10,7 +10,8 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
   LOCAL 0 in the resource usage, no LDL / STL in the SASS. The consumers' 240 registers have none
   to spare (fp8_kernel.cuh, Schedule), so a value newly held across the tile loop shows up here.
 
-Only the default build is checked (``consumer_schedule`` 0, the fused schedule, and
+The benchmark-only builds without the softmax or the O update keep all their GEMMs. Otherwise
+only the default build is checked (``consumer_schedule`` 0, the fused schedule, and
 ``poly_exp2_every`` 16; the fused schedule has no local memory at 0, 4, 8 and 32 either). The
 non-default ``consumer_schedule`` 2 (kOverlapped, an experiment kept for comparison) is allowed to
 spill and is not built here.
@@ -62,3 +63,26 @@ def test_module_is_hopper_only() -> None:
 
     with pytest.raises(ValueError, match="sm_90a"):
         KernelConfig("fp8_wgmma", arch="sm_120a")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [{"softmax": False}, {"o_update": False}, {"consumer_schedule": 3}, {"o_block": 4}],
+    ids=["no-softmax", "no-o-update", "overlapped-smem-p", "o-block-4"],
+)
+def test_benchmark_builds_keep_every_gemm(flags: dict[str, int]) -> None:
+    """The benchmark-only builds that drop a part of the consumer's work still run all 32 full
+    FP8 wgmmas (ptxas replaces a wgmma whose accumulators nothing reads by an empty
+    ``HGMMA.64x8x16 RZ``, which would time a kernel without that GEMM) and have no local memory
+    (else they would time their spills). P through shared memory: every PV is then an SS wgmma.
+    (``o_block`` > 1 spills 68 bytes outside the tile loop, per item: not checked for it.)"""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    so = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
+    sass = bt.sass(so, KERNEL)
+    assert len(re.findall(QGMMA, sass)) == 32
+    assert "HGMMA" not in sass
+    if "o_block" not in flags:
+        bt.assert_no_local_memory(so, KERNEL)
+    rs = re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)
+    assert len(rs) == (0 if flags.get("consumer_schedule") == 3 else 16)

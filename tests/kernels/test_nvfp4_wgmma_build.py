@@ -67,6 +67,27 @@ def test_module_is_hopper_only() -> None:
         KernelConfig("nvfp4_wgmma", arch="sm_120a")
 
 
+def test_pv_under_softmax_build() -> None:
+    """The benchmark-only kPvUnderSoftmax schedule (``pv_under_softmax=True``): every product an
+    SS FP16 wgmma (P read from its shared-memory block), no local memory (else it would time its
+    spills), and the extra 32 KB P block within Hopper's shared memory."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    config = KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"pv_under_softmax": True})
+    so = Path(build_module(config))
+    sass = bt.sass(so, KERNEL)
+    ss = re.findall(re.escape(HGMMA) + r" R\d+, gdesc", sass)
+    rs = re.findall(re.escape(HGMMA) + r" R\d+, R\d+, gdesc", sass)
+    assert len(ss) == 4 * 8 and not rs
+    bt.assert_no_local_memory(so, KERNEL)
+    production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
+    extra = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()) - int(
+        bt.load(production).attention_nvfp4_wgmma_smem_bytes()
+    )
+    assert extra == 32 * 1024
+    assert int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()) <= MAX_SMEM
+
+
 # ---------------------------------------------------------------------------------------------
 # e2m1_round_nonneg on the CPU
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,11 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
 __device__ __forceinline__ uint32_t wgmma_desc_sw128_low(const void* smem) {
   return static_cast<uint32_t>(wgmma_desc_sw128(smem));
 }
+// The same low word from a shared-state-space address (ptx/smem_addr.cuh).
+__device__ __forceinline__ uint32_t wgmma_desc_sw128_low_at(uint32_t smem_address) {
+  constexpr uint32_t kLeadingByteOffset = 1;  // as wgmma_desc_sw128
+  return ((smem_address & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16);
+}
 __device__ __forceinline__ uint64_t wgmma_desc_from_low(uint32_t low) {
   return (static_cast<uint64_t>(kDescSw128High) << 32) | low;
 }
@@ -43,6 +48,14 @@ __device__ __forceinline__ uint64_t wgmma_desc_from_low(uint32_t low) {
 // wgmma.fence (9.7.15.7.1): orders this thread's register writes before the wgmma that reads them
 // (accumulators, A fragments). Needed before the first wgmma after registers were touched.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+// fence.proxy.async.shared::cta (9.7.13.4, membar/fence): orders this thread's generic-proxy
+// writes to shared memory before the async proxy's reads of them, which include wgmma's operand
+// reads. Needed where threads (not TMA) write a wgmma operand (the FP8 kernel's P tiles of
+// kOverlappedSmemP, benchmarks/sm90_pipes.cu).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // wgmma.commit_group (9.7.15.7.2): the wgmmas issued since the last commit form one group.
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -61,7 +61,19 @@ enum Nvfp4Variant : int {
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder,
+  // Not in production (benchmark builds, not yet measured): each GEMM phase issues QK^T(t)
+  // first and PV(t - 1) second, the latter reading P from a shared-memory tile, so the softmax
+  // and P quantisation of tile t run while PV(t - 1) is on the tensor cores (P(t) is stored
+  // after that PV completed; one P block of 32 KB after the shared storage).
+  kPvUnderSoftmax = 32,
 };
+
+// Dynamic shared memory of a build: the storage, plus the P block of kPvUnderSoftmax (both
+// consumers' rows, two atoms, as the Q block).
+template <int kVariant, int kKStages, int kVStages>
+constexpr int nvfp4_kernel_smem_bytes() {
+  return nvfp4_smem_bytes<kKStages, kVStages>() + ((kVariant & kPvUnderSoftmax) != 0 ? static_cast<int>(kFp16TileBytes) : 0);
+}
 
 struct Nvfp4Params {
   PlanTables plan;
@@ -135,16 +147,22 @@ __host__ __device__ constexpr uint64_t k16_step_offset(int k) {
   return static_cast<uint64_t>((k / 4) * kFp16AtomBytes + 32 * (k % 4)) >> 4;
 }
 
-// S = delta + Q' K'^T: eight k16 steps, two per 32 bytes of each atom's rows; S holds delta.
-// q_desc: the descriptor of this consumer's rows of Q atom 0 (atom 1 is kFp16AtomBytes on).
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t q_desc, const uint8_t* k_tile) {
-  const uint64_t k_desc = ptx::wgmma_desc_sw128(k_tile);
-  ptx::wgmma_fence();  // delta was just written into s: order it before the wgmma reads it
+// D += A B^T over 128 K positions with both operands in shared memory: eight k16 steps, two per
+// 32 bytes of each atom's rows. a_desc: the descriptor of this consumer's rows of atom 0 of a
+// two-atom block (atom 1 is kFp16AtomBytes on); b_tile: a two-atom tile.
+__device__ __forceinline__ void issue_ss_k128(float (&d)[64], uint64_t a_desc, const uint8_t* b_tile) {
+  const uint64_t b_desc = ptx::wgmma_desc_sw128(b_tile);
+  ptx::wgmma_fence();  // d's last writes (delta, the O rescale): order them before the wgmma
 #pragma unroll
-  for (int k = 0; k < kHeadDim / 16; ++k) {
-    ptx::wgmma_m64n128k16_f16_ss(s, q_desc + k16_step_offset(k), k_desc + k16_step_offset(k), 1u);
+  for (int k = 0; k < 128 / 16; ++k) {
+    ptx::wgmma_m64n128k16_f16_ss(d, a_desc + k16_step_offset(k), b_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
+}
+
+// S = delta + Q' K'^T; S holds delta. q_desc: this consumer's rows of Q atom 0.
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t q_desc, const uint8_t* k_tile) {
+  issue_ss_k128(s, q_desc, k_tile);
 }
 
 // O += P V over the tile's 128 key positions (eight k16 steps of P's registers).
@@ -157,6 +175,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
     ptx::wgmma_m64n128k16_f16_rs(o, a, v_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
+}
+
+// kPvUnderSoftmax: waits for the V tile before `slot` and issues O += P V with P from the P
+// block (p_desc: this consumer's rows of its atom 0).
+template <class Smem>
+__device__ __forceinline__ void issue_pv_from_smem_when_ready(float (&o)[64], uint64_t p_desc, Smem& sm,
+                                                              const RingSlot& slot) {
+  const int stage = slot.previous_stage<Smem::kVStages>();
+  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kVStages>());
+  issue_ss_k128(o, p_desc, sm.v[stage][0]);
 }
 
 // The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e];
@@ -226,6 +254,35 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ++slot.index;
 }
 
+// kPvUnderSoftmax, after QK^T(t) completed while PV(t - 1) may still run: release the K tile of
+// `slot` (the Q block after the last tile), the softmax of tile t into pa; then, once PV(t - 1)
+// completed (pv_pending), release its V tile, store P(t) into the P block for the next phase's
+// PV and rescale O. p_rows: the shared address of this consumer's row 0 in atom 0 of the block.
+template <int kVariant, bool kPvPending, class Smem>
+__device__ __forceinline__ void after_qk_under_pv(float (&s)[64], float (&o)[64], uint32_t (&pa)[32],
+                                                  Nvfp4RowState& st, Smem& sm, RingSlot& slot, bool last_tile,
+                                                  float c, uint32_t p_rows) {
+  ptx::fence_operands(s);
+  if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
+    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
+  }
+  nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0>(s, pa, st, c, sm.recip);
+  if constexpr (kPvPending) {
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
+  }
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  store_p_f16(pa, p_rows, tid / 32, tid % 32);
+  ptx::fence_proxy_async_shared();
+  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
+  }
+  ++slot.index;
+}
+
 // out = bf16_rn(O / l) for the thread's two rows, if they are rows of the block (SPEC 3.8).
 __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const Nvfp4RowState& st, const WorkItem& it,
                                                    int row0, const Nvfp4Params& p, int quad_col) {
@@ -260,6 +317,13 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
   const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
   turn.start();
+  // kPvUnderSoftmax only: the P block after the shared storage, and the meeting of this
+  // consumer's threads once all of them stored P (the next PV reads every row of it).
+  constexpr bool kPvUnder = (kVariant & kPvUnderSoftmax) != 0;
+  const uint32_t p_block = ptx::smem_addr(&sm) + static_cast<uint32_t>(sizeof(Smem));
+  const uint32_t p_rows = p_block + 64 * consumer * 128;
+  const uint64_t p_desc = ptx::wgmma_desc_from_low(ptx::wgmma_desc_sw128_low_at(p_rows));
+  const auto p_ready = [consumer] { ptx::named_barrier_sync(kPTileReady + consumer, kWarpgroupThreads); };
 
   RingSlot slot;
   uint32_t items = 0;
@@ -278,18 +342,37 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
-    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    if constexpr (kPvUnder) {
+      after_qk_under_pv<kVariant, false>(s, o, pa, st, sm, slot, tiles == 1, p.c, p_rows);
+    } else {
+      after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    }
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
-      turn.wait();  // my GEMM phase
-      issue_pv_when_ready(o, pa, sm, slot);
-      issue_qk_when_ready(s, q_desc, sm, slot);
-      turn.pass();
-      ptx::wgmma_wait<0>();
-      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      if constexpr (kPvUnder) {
+        p_ready();
+        turn.wait();  // my GEMM phase
+        issue_qk_when_ready(s, q_desc, sm, slot);
+        issue_pv_from_smem_when_ready(o, p_desc, sm, slot);
+        turn.pass();
+        ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
+        after_qk_under_pv<kVariant, true>(s, o, pa, st, sm, slot, t == tiles - 1, p.c, p_rows);
+      } else {
+        turn.wait();  // my GEMM phase
+        issue_pv_when_ready(o, pa, sm, slot);
+        issue_qk_when_ready(s, q_desc, sm, slot);
+        turn.pass();
+        ptx::wgmma_wait<0>();
+        after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      }
     }
+    if constexpr (kPvUnder) p_ready();
     turn.wait();  // my GEMM phase
-    issue_pv_when_ready(o, pa, sm, slot);
+    if constexpr (kPvUnder) {
+      issue_pv_from_smem_when_ready(o, p_desc, sm, slot);
+    } else {
+      issue_pv_when_ready(o, pa, sm, slot);
+    }
     turn.pass();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);

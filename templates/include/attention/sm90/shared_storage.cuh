@@ -94,7 +94,9 @@ struct RingSlot {
 // Named barriers (id 0 is __syncthreads). kTurn + c: consumer c may issue its GEMMs; the other
 // consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
 // the other's tensor-core work.
-enum NamedBarrier : uint32_t { kTurn = 1 };
+// kPTileReady + c (the FP8 kernel's kOverlappedSmemP schedule only): consumer c's 128 threads
+// have all written and fenced the P tile its next PV reads.
+enum NamedBarrier : uint32_t { kTurn = 1, kPTileReady = 3 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 
 // Consumer c's side of the ping-pong: wait() before its GEMM phase, pass() once its GEMMs are

@@ -1,0 +1,431 @@
+// Microbenchmarks of the Hopper attention kernels' parts, in SM cycles, on the kernels' own device
+// functions (attention/sm90/*.cuh): one GEMM phase, one softmax step, one consumer tile, each
+// alone, beside another warpgroup's GEMMs, and the two consumers' loop in the ping-pong, all on
+// operands that sit in shared memory (no TMA, no L2, no ring waits).
+//
+// Why: the FP8 kernel takes ~2,475 cycles per pair of consumer tiles at 61,440 x 56 (132 ms at
+// ~1.83 GHz), where its tensor work is 1,024 cycles and its MUFU work ~960 (benchmarks/RESULTS.md,
+// 2026-12-01). These numbers say which part of the period is the consumers' own chain (GEMM issue
+// and wait, softmax, O update, the turn) and which comes from outside it (tiles, L2, power).
+//
+// Build and run on the GPU (benchmarks/h200_session.sh diagnose does both):
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I templates/include benchmarks/sm90_pipes.cu -o /tmp/sm90_pipes
+//   /tmp/sm90_pipes [--json FILE]
+// One CTA of 384 threads per SM, as the kernels: warpgroup 0 gives its registers away and idles,
+// warpgroups 1 and 2 run the roles of an experiment. A "measured" warpgroup times its loop with
+// clock64; a "background" one runs the same number of iterations times kBackgroundFactor, so that
+// it outlasts the measured one (its own time is printed to show that it did).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention/sm90/fp8_kernel.cuh"
+#include "attention/sm90/nvfp4_kernel.cuh"
+
+namespace {
+
+namespace fh3 = flashinfer_h3;
+namespace sm90 = flashinfer_h3::sm90;
+namespace ptx = flashinfer_h3::ptx;
+
+// ---- operands --------------------------------------------------------------------------------
+
+// One set of operand tiles per CTA, 1024-byte aligned (the 128-byte swizzle's atom): FP8 Q rows
+// of both consumers, a K and a V^T tile (the FP8 kernel's 8 + 8 + 16 + 16 KB), and the f16 tiles
+// of the NVFP4 kernel (Q 2 atoms, K and V^T 2 atoms each). The bytes are random with bit 3 and
+// bit 6 clear: finite both as E4M3 (no exponent 1111) and as FP16 (exponent < 11111).
+struct alignas(1024) Operands {
+  uint8_t fp8_q[sm90::kBlockRows * sm90::kHeadDim];
+  uint8_t fp8_k[sm90::kTileBytes];
+  uint8_t fp8_v[sm90::kTileBytes];
+  uint8_t f16_q[2][sm90::kFp16AtomBytes];
+  uint8_t f16_k[2][sm90::kFp16AtomBytes];
+  uint8_t f16_v[2][sm90::kFp16AtomBytes];
+  uint8_t fp8_p[sm90::kConsumers][2][sm90::kPTileBytes];  // kFp8ConsumerSmemP: P tiles, per consumer
+  float delta[sm90::kTileKeys];
+  float recip[sm90::kScaleCodes];
+};
+constexpr size_t kSmemBytes = sizeof(Operands) + 1024;  // + the alignment slack
+
+__device__ void fill_operands(Operands& op) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(&op);
+  const int n = static_cast<int>(offsetof(Operands, delta) / 4);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    uint32_t h = (i + 1) * 0x9E3779B9u ^ (blockIdx.x * 0x85EBCA6Bu);
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    words[i] = h & 0xB7B7B7B7u;
+  }
+  for (int i = threadIdx.x; i < sm90::kTileKeys; i += blockDim.x) op.delta[i] = 0.01f * (i % 7);
+  for (int b = threadIdx.x; b < sm90::kScaleCodes; b += blockDim.x) {
+    op.recip[b] = b == 0 || b == 0x7F ? 0.0f : __frcp_rn(fh3::e4m3_to_float(static_cast<uint8_t>(b)));
+  }
+}
+
+// Softmax constants of a realistic range: the FP8 scores are dot products of codes below 1 in
+// magnitude (|dot| ~ 10), sq sk c = 0.3 puts the exponents in about [-10, 8].
+constexpr float kFp8Sk = 0.3f;
+constexpr float kC = 1.0f;
+constexpr float kNvfp4C = 0.127f;  // NVFP4 scores: f16 dots ~ 10-ish, 2^(S c) over a few octaves
+
+// ---- roles -----------------------------------------------------------------------------------
+
+enum Role : int {
+  kIdle,
+  kFp8QK,          // S = Q K^T: 4 x m64n128k32 SS, commit, wait
+  kFp8PV,          // Otmp = P V: 4 x m64n128k32 RS, commit, wait
+  kFp8Phase,       // the FP8 kernel's GEMM phase: PV then QK^T, one commit each, wait for both
+  kFp8Softmax,     // fp8_softmax_tile (unmasked), S in registers
+  kFp8Alu,         // the FP8 consumer's ALU work of a tile: O = alpha O + Otmp, then the softmax
+  kFp8Consumer,    // the FP8 consumer's tile loop (GEMM phase in the ping-pong turn, O update,
+                   // softmax) on resident tiles; both consumers run it
+  kFp8ConsumerFree,  // the same without the turn (consumers unordered)
+  kFp8ConsumerSmemP,  // the kOverlappedSmemP schedule's loop: QK^T(t) first, the exponentials of
+                      // tile t while PV(t - 1) runs, P through shared memory (fp8_kernel.cuh)
+  kF16Phase,       // the NVFP4 kernel's GEMM phase: PV 8 x m64n128k16 RS, QK^T 8 x SS, f16
+  kNvfp4Alu,       // the NVFP4 consumer's ALU work of a tile: delta loads, softmax + P
+                   // quantisation (nvfp4_softmax_tile), O rescale
+  kNvfp4Consumer,  // the NVFP4 consumer's tile loop (no delta warps: delta read as it lies)
+  // Calibration: 64 independent instructions of one pipe per iteration (cycles per 64 = the
+  // pipe's rate for this many warps per SM sub-partition).
+  kCalFfma,   // FFMA (FMA pipe)
+  kCalFmnmx,  // FMNMX (ALU pipe)
+  kCalMufu,   // MUFU.EX2 (XU)
+};
+
+template <class T, int N>
+__device__ __forceinline__ void zero(T (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = T(0);
+}
+
+// O = alpha O + Otmp, the FP8 consumer's two-level accumulation (fp8_kernel.cuh finish_pv).
+__device__ __forceinline__ void fp8_o_update(float (&o)[64], const float (&otmp)[64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
+}
+
+// The NVFP4 consumer's ALU work after its GEMMs (nvfp4_kernel.cuh after_gemms, production
+// variant, without the barrier arrivals).
+__device__ __forceinline__ void nvfp4_alu(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], sm90::Nvfp4RowState& st,
+                                          const Operands& op) {
+  sm90::nvfp4_softmax_tile<true, true>(s, pa, st, kNvfp4C, op.recip);
+  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
+  }
+}
+
+// The delta of a tile as the initial scores (nvfp4_kernel.cuh load_delta, without its barriers).
+__device__ __forceinline__ void nvfp4_load_delta(float (&s)[64], const Operands& op, int quad_col) {
+  const float* d = op.delta + quad_col;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
+    s[4 * i] = s[4 * i + 2] = v.x;
+    s[4 * i + 1] = s[4 * i + 3] = v.y;
+  }
+}
+
+// Runs `iters` iterations of role R as consumer `consumer` (0: warpgroup 1, 1: warpgroup 2) and
+// returns the cycles they took. Every register array is fenced at the end, so no work is dead.
+template <int R, int consumer>
+__device__ long long run_role(const Operands& op, int iters, float* sink_out) {
+  const int lane = threadIdx.x % 32;
+  const int quad_col = 2 * (lane % 4);
+  const uint8_t* fp8_q_rows = op.fp8_q + 64 * consumer * sm90::kHeadDim;
+  const uint64_t f16_q_desc = ptx::wgmma_desc_sw128(op.f16_q[0] + 64 * consumer * 128);
+  float s[64], otmp[64], o[64];
+  uint32_t pa16[16], pa32[32];
+  zero(s);
+  zero(otmp);
+  zero(o);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) pa16[i] = 0x3A3A3A3Au;  // E4M3 0.8125 x 4
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pa32[i] = 0x38003800u;  // f16 0.5 x 2
+  // Scores with a spread, for the ALU roles that start from registers.
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = static_cast<float>((i * 37 + lane * 11) % 29) - 14.0f;
+  sm90::Fp8RowState st8;
+  st8.reset(1.0f, 1.0f);
+  sm90::Nvfp4RowState st4;
+  st4.reset();
+  const sm90::PingPong<R == kFp8Consumer || R == kFp8ConsumerSmemP || R == kNvfp4Consumer> turn(consumer);
+  const uint32_t p_tiles = ptx::smem_addr(op.fp8_p[consumer][0]);
+  turn.start();
+
+  // The GEMM-only roles overwrite their accumulator every iteration; one element of each result
+  // added here keeps every wgmma's result read (ptxas empties wgmmas whose results nothing reads).
+  float live = 0.0f;
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    if constexpr (R == kFp8QK) {
+      sm90::issue_qk(s, fp8_q_rows, op.fp8_k);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      live += s[0];
+    } else if constexpr (R == kFp8PV) {
+      sm90::issue_pv(otmp, pa16, op.fp8_v);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(otmp);
+      live += otmp[0];
+    } else if constexpr (R == kFp8Phase) {
+      sm90::issue_pv(otmp, pa16, op.fp8_v);
+      sm90::issue_qk(s, fp8_q_rows, op.fp8_k);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      ptx::fence_operands(otmp);
+      live += s[0] + otmp[0];
+    } else if constexpr (R == kFp8Softmax) {
+      sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
+      ptx::fence_operands(pa16);
+    } else if constexpr (R == kFp8Alu) {
+      ptx::fence_operands(otmp);  // a fresh Otmp every tile, as from the PV
+      fp8_o_update(o, otmp, st8.alpha);
+      sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
+      ptx::fence_operands(pa16);
+    } else if constexpr (R == kFp8Consumer || R == kFp8ConsumerFree) {
+      turn.wait();
+      sm90::issue_pv(otmp, pa16, op.fp8_v);
+      sm90::issue_qk(s, fp8_q_rows, op.fp8_k);
+      turn.pass();
+      ptx::wgmma_wait<1>();
+      ptx::fence_operands(otmp);
+      ptx::fence_operands(pa16);
+      fp8_o_update(o, otmp, st8.alpha);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
+    } else if constexpr (R == kFp8ConsumerSmemP) {
+      ptx::named_barrier_sync(sm90::kPTileReady + consumer, sm90::kWarpgroupThreads);
+      turn.wait();
+      sm90::issue_qk(s, fp8_q_rows, op.fp8_k);
+      sm90::issue_ss(otmp, ptx::wgmma_desc_sw128_low_at(p_tiles + ((it + 1) & 1) * sm90::kPTileBytes),
+                     ptx::wgmma_desc_sw128_low(op.fp8_v));
+      turn.pass();
+      const float alpha_prev[2] = {st8.alpha[0], st8.alpha[1]};
+      ptx::wgmma_wait<1>();
+      ptx::fence_operands(s);
+      sm90::fp8_softmax_exp<false, 16>(s, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
+      sm90::publish_p(s, p_tiles + (it & 1) * sm90::kPTileBytes);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(otmp);
+      fp8_o_update(o, otmp, alpha_prev);
+    } else if constexpr (R == kF16Phase) {
+      sm90::issue_pv(o, pa32, op.f16_v[0]);
+      sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      ptx::fence_operands(o);
+    } else if constexpr (R == kCalFfma) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] = fmaf(s[i], 0.999f, 0.001f);
+    } else if constexpr (R == kCalFmnmx) {
+      const float t = static_cast<float>(it & 15);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] = fmaxf(s[i], t);
+    } else if constexpr (R == kCalMufu) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] = ptx::ex2_approx(-fabsf(s[i]));
+    } else if constexpr (R == kNvfp4Alu) {
+      nvfp4_load_delta(s, op, quad_col);
+      nvfp4_alu(s, o, pa32, st4, op);
+      ptx::fence_operands(pa32);
+    } else if constexpr (R == kNvfp4Consumer) {
+      nvfp4_load_delta(s, op, quad_col);
+      turn.wait();
+      sm90::issue_pv(o, pa32, op.f16_v[0]);
+      sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      ptx::fence_operands(o);
+      ptx::fence_operands(pa32);
+      nvfp4_alu(s, o, pa32, st4, op);
+    }
+  }
+  const long long t1 = clock64();
+  turn.finish();
+  // Every result feeds a store that never happens but that the compiler cannot rule out: ptxas
+  // turns wgmmas whose accumulators nothing reads into empty ones.
+  float sink = live + st8.l[0] + st8.l[1] + st4.l[0] + st4.l[1];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sink += s[i] + otmp[i] + o[i];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sink += __uint_as_float(pa16[i] & 0x3FFFFFFFu);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sink += __uint_as_float(pa32[i] & 0x3FFFFFFFu);
+  if (sink == 1234.5f) *sink_out = sink;
+  return t1 - t0;
+}
+
+constexpr int kBackgroundFactor = 4;
+
+// out[(SM * 2 + consumer) * 2 + {0, 1}] = cycles, iterations of each consumer warpgroup; sink:
+// written only if the results sum to a value they never do.
+template <int kRole1, int kRole2, bool kRole2Measured>
+__global__ void __launch_bounds__(sm90::kThreads, 1) pipes_kernel(long long* out, float* sink, int iters) {
+  extern __shared__ uint8_t dynamic_smem[];
+  Operands& op = *reinterpret_cast<Operands*>((reinterpret_cast<uintptr_t>(dynamic_smem) + 1023) & ~uintptr_t{1023});
+  fill_operands(op);
+  ptx::fence_proxy_async_shared();  // the generic-proxy writes above, before wgmma reads them
+  __syncthreads();
+  const int warpgroup = threadIdx.x / sm90::kWarpgroupThreads;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<sm90::kProducerRegs>();
+    return;
+  }
+  ptx::setmaxnreg_inc<sm90::kConsumerRegs>();
+  long long cycles = 0;
+  int n = iters;
+  if (warpgroup == 1) {
+    if constexpr (kRole1 != kIdle) cycles = run_role<kRole1, 0>(op, n, sink);
+  } else {
+    n = kRole2Measured ? iters : kBackgroundFactor * iters;
+    if constexpr (kRole2 != kIdle) cycles = run_role<kRole2, 1>(op, n, sink);
+  }
+  if (threadIdx.x % sm90::kWarpgroupThreads == 0) {
+    long long* slot = out + (blockIdx.x * 2 + (warpgroup - 1)) * 2;
+    slot[0] = cycles;
+    slot[1] = n;
+  }
+}
+
+// ---- host ------------------------------------------------------------------------------------
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "sm90_pipes: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Experiment {
+  const char* name;
+  void (*kernel)(long long*, float*, int);
+  int iters;
+  const char* expect;  // what the numbers are compared with
+};
+
+template <int kRole1, int kRole2, bool kRole2Measured = false>
+Experiment experiment(const char* name, int iters, const char* expect) {
+  return {name, pipes_kernel<kRole1, kRole2, kRole2Measured>, iters, expect};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "device properties");
+  if (prop.major != 9) {
+    std::fprintf(stderr, "sm90_pipes: needs a Hopper GPU (sm_90), got %s (sm_%d%d)\n", prop.name, prop.major,
+                 prop.minor);
+    return 1;
+  }
+  const std::vector<Experiment> experiments = {
+      experiment<kCalFfma, kIdle>("calibration: 64 FFMA, one warp per SMSP", 4000, "64 at one a cycle"),
+      experiment<kCalFfma, kCalFfma, true>("calibration: 64 FFMA, two warps per SMSP", 4000, "128"),
+      experiment<kCalFmnmx, kIdle>("calibration: 64 FMNMX, one warp per SMSP", 4000, "128 at one per 2 cycles"),
+      experiment<kCalMufu, kIdle>("calibration: 64 MUFU.EX2, one warp per SMSP", 4000, "512 at 4 lanes a cycle"),
+      experiment<kFp8QK, kIdle>("fp8 QK^T (4 x m64n128k32 SS)", 4000, "256 = 4 x 64 at the FP8 peak"),
+      experiment<kFp8PV, kIdle>("fp8 PV (4 x m64n128k32 RS)", 4000, "256"),
+      experiment<kFp8Phase, kIdle>("fp8 GEMM phase (PV + QK^T)", 2000, "512"),
+      experiment<kFp8Phase, kFp8Phase, true>("fp8 GEMM phase, both consumers", 2000, "1,024: one tensor pipe"),
+      experiment<kFp8Softmax, kIdle>("fp8 softmax step", 2000, "~480: 60 MUFU x 8 cycles"),
+      experiment<kFp8Alu, kIdle>("fp8 consumer ALU (O update + softmax)", 2000, "~550"),
+      experiment<kFp8Alu, kFp8Alu, true>("fp8 consumer ALU, both consumers", 2000, "~960: 2 x 60 MUFU x 8"),
+      experiment<kFp8Alu, kFp8Phase>("fp8 consumer ALU beside the other's GEMM phases", 2000,
+                                     "as alone, unless the GEMMs slow its issue"),
+      experiment<kFp8Consumer, kFp8Consumer, true>("fp8 consumer loop, ping-pong", 2000,
+                                                   "the kernel's period without tiles; 2,475 in the kernel"),
+      experiment<kFp8ConsumerFree, kFp8ConsumerFree, true>("fp8 consumer loop, unordered", 2000, ""),
+      experiment<kFp8ConsumerSmemP, kFp8ConsumerSmemP, true>(
+          "fp8 consumer loop, QK^T first, P through shared memory", 2000, "kOverlappedSmemP"),
+      experiment<kF16Phase, kIdle>("f16 GEMM phase (PV + QK^T, 16 x m64n128k16)", 1000, "1,024 at the FP16 peak"),
+      experiment<kF16Phase, kF16Phase, true>("f16 GEMM phase, both consumers", 1000, "2,048"),
+      experiment<kNvfp4Alu, kIdle>("nvfp4 consumer ALU (delta, softmax + P quantisation, rescale)", 1000, ""),
+      experiment<kNvfp4Alu, kNvfp4Alu, true>("nvfp4 consumer ALU, both consumers", 1000, ""),
+      experiment<kNvfp4Alu, kF16Phase>("nvfp4 consumer ALU beside the other's GEMM phases", 1000, ""),
+      experiment<kNvfp4Consumer, kNvfp4Consumer, true>("nvfp4 consumer loop, ping-pong (no delta warps)", 1000,
+                                                       "~3,600 in the kernel"),
+  };
+  long long* out = nullptr;
+  float* sink = nullptr;
+  check(cudaMalloc(&out, sizeof(long long) * 4 * sms), "cudaMalloc");
+  check(cudaMalloc(&sink, sizeof(float)), "cudaMalloc");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::string json = "[";
+  std::printf("%s, %d SMs; cycles per iteration (median over SMs) of consumer warpgroups 1 and 2\n", prop.name, sms);
+  std::printf("%-64s %10s %10s %8s  %s\n", "experiment", "wg1", "wg2", "MHz", "compare with");
+  for (const Experiment& e : experiments) {
+    check(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes)),
+          "shared-memory opt-in");
+    e.kernel<<<sms, sm90::kThreads, kSmemBytes>>>(out, sink, e.iters / 10);  // warm-up
+    check(cudaGetLastError(), "launch");
+    check(cudaEventRecord(start), "event");
+    e.kernel<<<sms, sm90::kThreads, kSmemBytes>>>(out, sink, e.iters);
+    check(cudaGetLastError(), "launch");
+    check(cudaEventRecord(stop), "event");
+    check(cudaEventSynchronize(stop), e.name);
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "event time");
+    std::vector<long long> host(4 * sms);
+    check(cudaMemcpy(host.data(), out, sizeof(long long) * host.size(), cudaMemcpyDeviceToHost), "copy");
+    std::vector<double> per[2], total;
+    for (int sm = 0; sm < sms; ++sm) {
+      for (int c = 0; c < 2; ++c) {
+        const long long cycles = host[(sm * 2 + c) * 2], n = host[(sm * 2 + c) * 2 + 1];
+        if (cycles > 0 && n > 0) per[c].push_back(static_cast<double>(cycles) / n);
+        if (cycles > 0) total.push_back(static_cast<double>(cycles));
+      }
+    }
+    const double wg1 = median(per[0]), wg2 = median(per[1]);
+    // The longest warpgroup's cycles over the kernel's time: the SM clock it ran at (a lower
+    // bound: the launch and the operand fill are in the time too).
+    const double mhz = total.empty() ? 0.0 : *std::max_element(total.begin(), total.end()) / (ms * 1e3);
+    std::printf("%-64s %10.1f %10.1f %8.0f  %s\n", e.name, wg1, wg2, mhz, e.expect);
+    char row[512];
+    std::snprintf(row, sizeof(row), "%s{\"experiment\": \"%s\", \"wg1\": %.1f, \"wg2\": %.1f, \"mhz\": %.0f}",
+                  json.size() > 1 ? ", " : "", e.name, wg1, wg2, mhz);
+    json += row;
+  }
+  json += "]\n";
+  if (json_path != nullptr) {
+    FILE* f = std::fopen(json_path, "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "sm90_pipes: cannot write %s\n", json_path);
+      return 1;
+    }
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  check(cudaFree(out), "cudaFree");
+  check(cudaFree(sink), "cudaFree");
+  return 0;
+}
