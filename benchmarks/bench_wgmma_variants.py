@@ -23,7 +23,10 @@ Builds are timed in turn, in rounds (a drift of the clock under the power cap fa
 them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
 
     python benchmarks/bench_wgmma_variants.py [--op nvfp4,fp8] [--preset h3-10s,h3-mix]
-        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...]
+        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...] [--build-only]
+
+``--build-only`` compiles the selected builds into the JIT cache and exits (no GPU needed): with
+``python -m flashinfer_h3 warmup --arch sm_90a`` it fills a cache that a device run can carry.
 """
 
 from __future__ import annotations
@@ -108,6 +111,12 @@ def timed_with_clocks(
     return ms, statistics.median(m for m, _ in samples), statistics.median(w for _, w in samples)
 
 
+def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """The builds of ``op`` that ``--only`` selects (the production build always)."""
+    return [(name, flags) for name, flags in VARIANTS[op].items()
+            if not (only and flags and not any(part in name for part in only.split(",")))]
+
+
 def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
         only: str | None, extra: dict[str, Path]) -> None:
     """Times every selected build of ``op`` on one input: ``rounds`` rounds, each timing every
@@ -125,9 +134,7 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
     builds: list[tuple[str, KernelOnly, str]] = []
     production = None
     selected: list[tuple[str, Path]] = []
-    for name, flags in VARIANTS[op].items():
-        if only and flags and not any(part in name for part in only.split(",")):
-            continue
+    for name, flags in selected_variants(op, only):
         config = KernelConfig(module_name, arch="sm_90a", flags=flags)
         selected.append((name, Path(build_module(config))))
     selected += [(f"module {path.name}", path) for label, path in extra.items() if label == op]
@@ -179,7 +186,17 @@ def main() -> None:
     ap.add_argument("--only", default=None,
                     help="run only the variants whose name contains one of these comma-separated "
                     "substrings (and the production build)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="compile the selected builds into the JIT cache and exit (no GPU needed)")
     args = ap.parse_args()
+    if args.build_only:
+        for op in args.op.split(","):
+            if op not in MODULES:
+                ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
+            for name, flags in selected_variants(op, args.only):
+                path = build_module(KernelConfig(MODULES[op][0], arch="sm_90a", flags=flags))
+                print(f"{op}: {name}: {path}")
+        return
     shapes: list[tuple[str, tuple[int, ...], int]] = []
     for preset in args.preset.split(",") if args.preset else ():
         if preset not in PRESETS:

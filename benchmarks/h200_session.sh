@@ -102,7 +102,14 @@ if [[ $what == profile ]]; then
 fi
 
 if [[ $what == diagnose ]]; then
-    # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about 6 minutes:
+    # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about 6 minutes
+    # when the JIT cache comes along: build it on the CPU first and carry it (the modules' .o
+    # files stay behind: the carry is limited to 64 MiB), e.g.
+    #   export FLASHINFER_H3_CACHE_DIR=$PWD/build/h3carry
+    #   python -m flashinfer_h3 warmup --arch sm_90a
+    #   python benchmarks/bench_wgmma_variants.py --build-only --only "no softmax,no O,shared memory,Otmp over"
+    #   find build/h3carry -name '*.o' -delete
+    # and on the device: mkdir -p /tmp/h3cache && cp -r build/h3carry/. /tmp/h3cache/ first.
     # 1. the cycle microbenchmarks of their parts on resident operands (benchmarks/sm90_pipes.cu);
     # 2. at h3-10s, the FP8 kernel without its softmax and without its O update (the pipeline
     #    floor and the two-level accumulation's cost; the NVFP4 floors are in RESULTS.md), and
