@@ -45,6 +45,15 @@ __device__ __forceinline__ uint64_t wgmma_desc_from_low(uint32_t low) {
   return (static_cast<uint64_t>(kDescSw128High) << 32) | low;
 }
 
+// Where a thread writes a K-major operand tile itself (the P tiles of the Hopper kernels): the
+// shared address of bytes 4t..4t+3 of 16-byte chunk 0 of `row` in a 1024-byte aligned tile of
+// 128-byte rows in the 128-byte swizzle, which holds chunk c at chunk c ^ (row % 8); `phase` is
+// row % 8, which the callers know without computing it. Chunk c's address is this one XORed
+// with c << 4 (the address's bits 4-6 hold row % 8, and XOR composes).
+__device__ __forceinline__ uint32_t sw128_row_address(uint32_t tile, int row, int phase, int t) {
+  return tile + static_cast<uint32_t>(row * 128 + (phase << 4) + 4 * t);
+}
+
 // wgmma.fence (9.7.15.7.1): orders this thread's register writes before the wgmma that reads them
 // (accumulators, A fragments). Needed before the first wgmma after registers were touched.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

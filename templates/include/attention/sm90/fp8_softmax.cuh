@@ -17,6 +17,7 @@
 #include "../../ptx/fp8_pack.cuh"
 #include "../../ptx/math.cuh"
 #include "../../ptx/smem_addr.cuh"
+#include "../../ptx/wgmma.cuh"
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -146,14 +147,13 @@ constexpr uint32_t kPTileBytes = 64 * 128;
 
 // The same codes as pack_p, stored instead into the P tile at shared address `p_tile` (1024-byte
 // aligned): A register 2h + r of k-step k, the K positions 32k + 16h + 4t..+3 of row
-// 16w + g + 8r, lands at 16-byte chunk 2k + h of that row, swizzled to chunk (2k + h) ^ g (the
-// row's index mod 8 is g). The row's address with chunk g, XORed with (2k + h) << 4, is that
-// chunk's. For a fixed register the warp's 32 stores hit 32 different banks.
+// 16w + g + 8r, lands at 16-byte chunk 2k + h of that row (ptx::sw128_row_address). For a fixed
+// register the warp's 32 stores hit 32 different banks (the 8 rows' chunks are 8 different ones).
 __device__ __forceinline__ void store_p(const float (&p)[64], uint32_t p_tile, int warp, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint32_t row = p_tile + (16 * warp + g + 8 * r) * 128 + (g << 4) + 4 * t;
+    const uint32_t row = ptx::sw128_row_address(p_tile, 16 * warp + g + 8 * r, g, t);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
 #pragma unroll
