@@ -189,10 +189,12 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true",
                     help="compile the selected builds into the JIT cache and exit (no GPU needed)")
     args = ap.parse_args()
+    ops = args.op.split(",")
+    for op in ops:
+        if op not in MODULES:
+            ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
     if args.build_only:
-        for op in args.op.split(","):
-            if op not in MODULES:
-                ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
+        for op in ops:
             for name, flags in selected_variants(op, args.only):
                 path = build_module(KernelConfig(MODULES[op][0], arch="sm_90a", flags=flags))
                 print(f"{op}: {name}: {path}")
@@ -219,9 +221,7 @@ def main() -> None:
             ap.error(f"--so: expected OP=PATH (OP nvfp4 or fp8, an existing file), got {text!r}")
         extra[op_name] = Path(path_text)
     for name, lengths_, heads in shapes:
-        for op in args.op.split(","):
-            if op not in MODULES:
-                ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
+        for op in ops:
             run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra)
 
 

@@ -105,32 +105,12 @@ __device__ __forceinline__ void zero(T (&x)[N]) {
   for (int i = 0; i < N; ++i) x[i] = T(0);
 }
 
-// O = alpha O + Otmp, the FP8 consumer's two-level accumulation (fp8_kernel.cuh finish_pv).
-__device__ __forceinline__ void fp8_o_update(float (&o)[64], const float (&otmp)[64], const float (&alpha)[2]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
-}
-
 // The NVFP4 consumer's ALU work after its GEMMs (nvfp4_kernel.cuh after_gemms, production
 // variant, without the barrier arrivals).
 __device__ __forceinline__ void nvfp4_alu(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], sm90::Nvfp4RowState& st,
                                           const Operands& op) {
   sm90::nvfp4_softmax_tile<true, true>(s, pa, st, kNvfp4C, op.recip);
-  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
-  }
-}
-
-// The delta of a tile as the initial scores (nvfp4_kernel.cuh load_delta, without its barriers).
-__device__ __forceinline__ void nvfp4_load_delta(float (&s)[64], const Operands& op, int quad_col) {
-  const float* d = op.delta + quad_col;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
-    s[4 * i] = s[4 * i + 2] = v.x;
-    s[4 * i + 1] = s[4 * i + 3] = v.y;
-  }
+  sm90::rescale_o(o, st);
 }
 
 // Runs `iters` iterations of role R as consumer `consumer` (0: warpgroup 1, 1: warpgroup 2) and
@@ -188,7 +168,7 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
       ptx::fence_operands(pa16);
     } else if constexpr (R == kFp8Alu) {
       ptx::fence_operands(otmp);  // a fresh Otmp every tile, as from the PV
-      fp8_o_update(o, otmp, st8.alpha);
+      sm90::update_o(o, otmp, st8.alpha);
       sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
       ptx::fence_operands(pa16);
     } else if constexpr (R == kFp8Consumer || R == kFp8ConsumerFree) {
@@ -199,7 +179,7 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
       ptx::wgmma_wait<1>();
       ptx::fence_operands(otmp);
       ptx::fence_operands(pa16);
-      fp8_o_update(o, otmp, st8.alpha);
+      sm90::update_o(o, otmp, st8.alpha);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(s);
       sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
@@ -217,7 +197,7 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
       sm90::publish_p(s, p_tiles + (it & 1) * sm90::kPTileBytes);
       ptx::wgmma_wait<0>();
       ptx::fence_operands(otmp);
-      fp8_o_update(o, otmp, alpha_prev);
+      sm90::update_o(o, otmp, alpha_prev);
     } else if constexpr (R == kF16Phase) {
       sm90::issue_pv(o, pa32, op.f16_v[0]);
       sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
@@ -235,11 +215,11 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) s[i] = ptx::ex2_approx(-fabsf(s[i]));
     } else if constexpr (R == kNvfp4Alu) {
-      nvfp4_load_delta(s, op, quad_col);
+      sm90::delta_as_scores(s, op.delta, quad_col);
       nvfp4_alu(s, o, pa32, st4, op);
       ptx::fence_operands(pa32);
     } else if constexpr (R == kNvfp4Consumer) {
-      nvfp4_load_delta(s, op, quad_col);
+      sm90::delta_as_scores(s, op.delta, quad_col);
       turn.wait();
       sm90::issue_pv(o, pa32, op.f16_v[0]);
       sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);

@@ -160,15 +160,26 @@ __device__ __forceinline__ void issue_pv_from_smem_when_ready(float (&otmp)[64],
   issue_ss(otmp, ptx::wgmma_desc_sw128_low_at(p_tile), ptx::wgmma_desc_sw128_low(sm.v[stage]));
 }
 
+// O = alpha O + Otmp, alpha per row (the two-level accumulation, spec 4.4).
+__device__ __forceinline__ void update_o(float (&o)[64], const float (&otmp)[64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
+}
+
+// Hands the V tile of ring stage `stage` back to the producer (its PV completed).
+template <class Smem>
+__device__ __forceinline__ void release_v(Smem& sm, int stage) {
+  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
+}
+
 // After the PV wgmma completed (its operands fenced): release its V tile, O = alpha O + Otmp
 // (alpha: the rescale of the tile that PV multiplied).
 template <bool kOUpdate, class Smem>
 __device__ __forceinline__ void release_v_update_o(float (&o)[64], const float (&otmp)[64], const float (&alpha)[2],
                                                    Smem& sm, int stage) {
-  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
+  release_v(sm, stage);
   if constexpr (kOUpdate) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
+    update_o(o, otmp, alpha);
   } else {
     // Benchmark builds: one element only, which keeps every PV's result read (ptxas empties a
     // wgmma whose accumulators nothing reads) and frees O's other registers: the update's cost,
@@ -198,7 +209,8 @@ __device__ __forceinline__ void finish_pv_from_smem(float (&o)[64], float (&otmp
 // tiles in the wgmma accumulator while their rows keep one max, and O = A O + Otmp once per block.
 // A (per row) takes O from its frame (the max it is relative to) to that of the tiles in Otmp. A
 // row whose max moves inside a block is flushed first, O = A O + Otmp and Otmp = 0, so every
-// tile in Otmp shares one frame. Called after the softmax of tile t, before PV(t) is issued.
+// tile in Otmp shares one frame. Called after the softmax of tile t, before PV(t) is issued;
+// a block ends with update_o(o, otmp, A).
 template <int kOBlock>
 __device__ __forceinline__ void o_block_step(float (&o)[64], float (&otmp)[64], float (&a)[2], const float (&alpha)[2],
                                              int t) {
@@ -220,12 +232,6 @@ __device__ __forceinline__ void o_block_step(float (&o)[64], float (&otmp)[64], 
       a[r] = alpha[r];
     }
   }
-}
-
-// O = A O + Otmp at the end of a block.
-__device__ __forceinline__ void o_block_close(float (&o)[64], const float (&otmp)[64], const float (&a)[2]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], a[(i >> 1) & 1], otmp[i]);
 }
 
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
@@ -336,6 +342,7 @@ struct Fp8Options {
   static constexpr bool kSoftmax = SoftmaxOn;           // false: S packed as P (not attention)
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
   static constexpr int kOBlock = OBlock;                // tiles per fresh PV accumulator (o_block_step)
+  static_assert(kOBlock == 1 || kOBlock == 2 || kOBlock == 4, "o_block: 1, 2 or 4 tiles");
   static_assert(kOBlock == 1 || (kSchedule == kFusedPhases && kOUpdate), "kOBlock > 1: the fused schedule");
 };
 
@@ -432,8 +439,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
         ptx::wgmma_wait<1>();
         ptx::fence_operands(otmp);
         ptx::fence_operands(pa);
-        if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
-        if ((t - 1) % kOBlock == kOBlock - 1) o_block_close(o, otmp, o_rescale);
+        release_v(sm, pv_stage);
+        if ((t - 1) % kOBlock == kOBlock - 1) update_o(o, otmp, o_rescale);  // the block ends
         ptx::wgmma_wait<0>();
         finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
         o_block_step<kOBlock>(o, otmp, o_rescale, st.alpha, t);

@@ -187,19 +187,33 @@ __device__ __forceinline__ void issue_pv_from_smem_when_ready(float (&o)[64], ui
   issue_ss_k128(o, p_desc, sm.v[stage][0]);
 }
 
-// The delta of the tile of `slot` as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e];
-// then the warp hands the delta buffer back to the delta warps.
-template <class Smem>
-__device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
-  const int stage = slot.stage<Smem::kKStages>();
-  ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
-  const float* d = sm.delta[stage] + quad_col;
+// A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e].
+__device__ __forceinline__ void delta_as_scores(float (&s)[64], const float* delta, int quad_col) {
+  const float* d = delta + quad_col;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
     s[4 * i] = s[4 * i + 2] = v.x;
     s[4 * i + 1] = s[4 * i + 3] = v.y;
   }
+}
+
+// O *= alpha after a softmax, skipped when the warp's 16 rows all kept their max (alpha = 1
+// exactly: the product would change nothing), which is most tiles once a row has seen a few.
+__device__ __forceinline__ void rescale_o(float (&o)[64], const Nvfp4RowState& st) {
+  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
+  }
+}
+
+// The delta of the tile of `slot` as the initial scores; then the warp hands the delta buffer
+// back to the delta warps.
+template <class Smem>
+__device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
+  const int stage = slot.stage<Smem::kKStages>();
+  ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
+  delta_as_scores(s, sm.delta[stage], quad_col);
   // Every lane releases its own loads (as every delta lane publishes its own writes): the
   // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
   // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
@@ -245,12 +259,7 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
       pa[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
   }
-  // O *= alpha, skipped when the warp's 16 rows all kept their max (alpha = 1 exactly: the
-  // product would change nothing), which is most tiles once a row has seen a few.
-  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
-  }
+  rescale_o(o, st);
   ++slot.index;
 }
 
@@ -276,10 +285,7 @@ __device__ __forceinline__ void after_qk_under_pv(float (&s)[64], float (&o)[64]
   const int tid = threadIdx.x % kWarpgroupThreads;
   store_p_f16(pa, p_rows, tid / 32, tid % 32);
   ptx::fence_proxy_async_shared();
-  if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= st.alpha[(i >> 1) & 1];
-  }
+  rescale_o(o, st);
   ++slot.index;
 }
 
@@ -387,7 +393,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
 // kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
-// nvfp4_smem_bytes<kKStages, kVStages>()).
+// nvfp4_kernel_smem_bytes<kVariant, kKStages, kVStages>()).
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
