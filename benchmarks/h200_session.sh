@@ -102,21 +102,19 @@ if [[ $what == profile ]]; then
 fi
 
 if [[ $what == diagnose ]]; then
-    # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about 6 minutes
-    # when the JIT cache comes along: build it on the CPU first and carry it (the modules' .o
-    # files stay behind: the carry is limited to 64 MiB), e.g.
+    # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about two
+    # minutes when the JIT cache comes along: build it on the CPU first and carry it (the
+    # modules' .o files stay behind: the carry is limited to 64 MiB), e.g.
     #   export FLASHINFER_H3_CACHE_DIR=$PWD/build/h3carry
     #   python -m flashinfer_h3 warmup --arch sm_90a
-    #   python benchmarks/bench_wgmma_variants.py --build-only --only "no softmax,no O,shared memory,Otmp over"
+    #   python benchmarks/bench_wgmma_variants.py --build-only --only "no softmax,no O,polling"
     #   find build/h3carry -name '*.o' -delete
     # and on the device: mkdir -p /tmp/h3cache && cp -r build/h3carry/. /tmp/h3cache/ first.
     # 1. the cycle microbenchmarks of their parts on resident operands (benchmarks/sm90_pipes.cu);
     # 2. at h3-10s, the FP8 kernel without its softmax and without its O update (the pipeline
-    #    floor and the two-level accumulation's cost; the NVFP4 floors are in RESULTS.md), and
-    #    both kernels' schedule with PV(t - 1) under the softmax of tile t, P through shared
-    #    memory (consumer_schedule=3, pv_under_softmax=True), and FP8 with one PV accumulator
-    #    per 2 or 4 tiles (o_block);
-    #    their GPU tests against production run first;
+    #    floor and the two-level accumulation's cost; the NVFP4 floors are in RESULTS.md) and
+    #    both kernels with the producer warpgroup's waits polling; the GPU tests of the builds
+    #    that keep the arithmetic against production first;
     # 3. Nsight Compute source counters of both production kernels at 16,384 x 16 (stall
     #    summaries; the per-instruction CSVs compressed).
     {
@@ -124,14 +122,10 @@ if [[ $what == diagnose ]]; then
             benchmarks/sm90_pipes.cu -o /tmp/sm90_pipes && /tmp/sm90_pipes --json "$OUT/pipes.json"
     } 2>&1 | tee "$OUT/pipes.log"
     {
-        # The schedule variants against production first (same output), then their times.
         timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -s \
-            -k "benchmark_builds or pv_under_softmax" tests/kernels/test_attention_fp8_wgmma_gpu.py \
-            2>&1 | tail -n 25
-        timeout 240 python3 benchmarks/bench_wgmma_variants.py --op fp8 --preset h3-10s \
-            --only "no softmax,no O,shared memory,Otmp over" --iters 5 --rounds 3
-        timeout 200 python3 benchmarks/bench_wgmma_variants.py --op nvfp4 --preset h3-10s \
-            --only "shared memory" --iters 5 --rounds 3
+            -k "benchmark_builds" tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 25
+        timeout 240 python3 benchmarks/bench_wgmma_variants.py --op fp8,nvfp4 --preset h3-10s \
+            --only "no softmax,no O,polling" --iters 5 --rounds 3
     } 2>&1 | tee "$OUT/variants.log"
     for op in fp8 nvfp4; do
         timeout 200 ncu --kernel-name-base demangled -k "regex:attention_${op}_wgmma_kernel" \

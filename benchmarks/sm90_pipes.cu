@@ -46,7 +46,6 @@ struct alignas(1024) Operands {
   uint8_t f16_q[2][sm90::kFp16AtomBytes];
   uint8_t f16_k[2][sm90::kFp16AtomBytes];
   uint8_t f16_v[2][sm90::kFp16AtomBytes];
-  uint8_t fp8_p[sm90::kConsumers][2][sm90::kPTileBytes];  // kFp8ConsumerSmemP: P tiles, per consumer
   float delta[sm90::kTileKeys];
   float recip[sm90::kScaleCodes];
 };
@@ -86,8 +85,6 @@ enum Role : int {
   kFp8Consumer,    // the FP8 consumer's tile loop (GEMM phase in the ping-pong turn, O update,
                    // softmax) on resident tiles; both consumers run it
   kFp8ConsumerFree,  // the same without the turn (consumers unordered)
-  kFp8ConsumerSmemP,  // the kOverlappedSmemP schedule's loop: QK^T(t) first, the exponentials of
-                      // tile t while PV(t - 1) runs, P through shared memory (fp8_kernel.cuh)
   kF16Phase,       // the NVFP4 kernel's GEMM phase: PV 8 x m64n128k16 RS, QK^T 8 x SS, f16
   kNvfp4Alu,       // the NVFP4 consumer's ALU work of a tile: delta loads, softmax + P
                    // quantisation (nvfp4_softmax_tile), O rescale
@@ -137,8 +134,7 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
   st8.reset(1.0f, 1.0f);
   sm90::Nvfp4RowState st4;
   st4.reset();
-  const sm90::PingPong<R == kFp8Consumer || R == kFp8ConsumerSmemP || R == kNvfp4Consumer> turn(consumer);
-  const uint32_t p_tiles = ptx::smem_addr(op.fp8_p[consumer][0]);
+  const sm90::PingPong<R == kFp8Consumer || R == kNvfp4Consumer> turn(consumer);
   turn.start();
 
   // The GEMM-only roles overwrite their accumulator every iteration; one element of each result
@@ -183,21 +179,6 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(s);
       sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
-    } else if constexpr (R == kFp8ConsumerSmemP) {
-      ptx::named_barrier_sync(sm90::kPTileReady + consumer, sm90::kWarpgroupThreads);
-      turn.wait();
-      sm90::issue_qk(s, fp8_q_rows, op.fp8_k);
-      sm90::issue_ss(otmp, ptx::wgmma_desc_sw128_low_at(p_tiles + ((it + 1) & 1) * sm90::kPTileBytes),
-                     ptx::wgmma_desc_sw128_low(op.fp8_v));
-      turn.pass();
-      const float alpha_prev[2] = {st8.alpha[0], st8.alpha[1]};
-      ptx::wgmma_wait<1>();
-      ptx::fence_operands(s);
-      sm90::fp8_softmax_exp<false, 16>(s, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
-      sm90::publish_p(s, p_tiles + (it & 1) * sm90::kPTileBytes);
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(otmp);
-      sm90::update_o(o, otmp, alpha_prev);
     } else if constexpr (R == kF16Phase) {
       sm90::issue_pv(o, pa32, op.f16_v[0]);
       sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
@@ -343,8 +324,6 @@ int main(int argc, char** argv) {
       experiment<kFp8Consumer, kFp8Consumer, true>("fp8 consumer loop, ping-pong", 2000,
                                                    "the kernel's period without tiles; 2,475 in the kernel"),
       experiment<kFp8ConsumerFree, kFp8ConsumerFree, true>("fp8 consumer loop, unordered", 2000, ""),
-      experiment<kFp8ConsumerSmemP, kFp8ConsumerSmemP, true>(
-          "fp8 consumer loop, QK^T first, P through shared memory", 2000, "kOverlappedSmemP"),
       experiment<kF16Phase, kIdle>("f16 GEMM phase (PV + QK^T, 16 x m64n128k16)", 1000, "1,024 at the FP16 peak"),
       experiment<kF16Phase, kF16Phase, true>("f16 GEMM phase, both consumers", 1000, "2,048"),
       experiment<kNvfp4Alu, kIdle>("nvfp4 consumer ALU (delta, softmax + P quantisation, rescale)", 1000, ""),

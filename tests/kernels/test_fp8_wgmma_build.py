@@ -66,23 +66,31 @@ def test_module_is_hopper_only() -> None:
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [{"softmax": False}, {"o_update": False}, {"consumer_schedule": 3}, {"o_block": 4}],
-    ids=["no-softmax", "no-o-update", "overlapped-smem-p", "o-block-4"],
+    "flags", [{"softmax": False}, {"o_update": False}], ids=["no-softmax", "no-o-update"]
 )
 def test_benchmark_builds_keep_every_gemm(flags: dict[str, int]) -> None:
     """The benchmark-only builds that drop a part of the consumer's work still run all 32 full
-    FP8 wgmmas (ptxas replaces a wgmma whose accumulators nothing reads by an empty
-    ``HGMMA.64x8x16 RZ``, which would time a kernel without that GEMM) and have no local memory
-    (else they would time their spills). P through shared memory: every PV is then an SS wgmma.
-    (``o_block`` > 1 spills 68 bytes outside the tile loop, per item: not checked for it.)"""
+    FP8 wgmmas, 16 of them (PV) with A from registers (ptxas replaces a wgmma whose accumulators
+    nothing reads by an empty ``HGMMA.64x8x16 RZ``, which would time a kernel without that GEMM),
+    and have no local memory (else they would time their spills)."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     so = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
     sass = bt.sass(so, KERNEL)
     assert len(re.findall(QGMMA, sass)) == 32
     assert "HGMMA" not in sass
-    if "o_block" not in flags:
-        bt.assert_no_local_memory(so, KERNEL)
+    bt.assert_no_local_memory(so, KERNEL)
     rs = re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)
-    assert len(rs) == (0 if flags.get("consumer_schedule") == 3 else 16)
+    assert len(rs) == 16
+
+
+def test_producer_waits_suspend(so: Path) -> None:
+    """The producer's waits for a free ring slot carry try_wait's suspend-time hint
+    (``NANOSLEEP.SYNCS`` after the ``TRYWAIT`` that failed) instead of polling; the
+    ``wait_sleep_ns=0`` benchmark build polls (no sleep)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    assert re.search(r"NANOSLEEP\.SYNCS 0x64\b", bt.sass(so, KERNEL))  # 100 ns
+    config = KernelConfig("fp8_wgmma", arch="sm_90a", flags={"wait_sleep_ns": 0})
+    polling = Path(build_module(config))
+    assert "NANOSLEEP" not in bt.sass(polling, KERNEL)

@@ -67,25 +67,17 @@ def test_module_is_hopper_only() -> None:
         KernelConfig("nvfp4_wgmma", arch="sm_120a")
 
 
-def test_pv_under_softmax_build() -> None:
-    """The benchmark-only kPvUnderSoftmax schedule (``pv_under_softmax=True``): every product an
-    SS FP16 wgmma (P read from its shared-memory block), no local memory (else it would time its
-    spills), and the extra 32 KB P block within Hopper's shared memory."""
+def test_producer_waits_suspend() -> None:
+    """The producer warpgroup's waits (the TMA thread's for free slots, the delta warps' for K
+    tiles and free delta buffers) carry try_wait's suspend-time hint (``NANOSLEEP.SYNCS``)
+    instead of polling; the ``wait_sleep_ns=0`` benchmark build polls."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
-    config = KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"pv_under_softmax": True})
-    so = Path(build_module(config))
-    sass = bt.sass(so, KERNEL)
-    ss = re.findall(re.escape(HGMMA) + r" R\d+, gdesc", sass)
-    rs = re.findall(re.escape(HGMMA) + r" R\d+, R\d+, gdesc", sass)
-    assert len(ss) == 4 * 8 and not rs
-    bt.assert_no_local_memory(so, KERNEL)
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
-    extra = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()) - int(
-        bt.load(production).attention_nvfp4_wgmma_smem_bytes()
-    )
-    assert extra == 32 * 1024
-    assert int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()) <= MAX_SMEM
+    assert len(re.findall(r"NANOSLEEP\.SYNCS 0x64\b", bt.sass(production, KERNEL))) >= 5
+    config = KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"wait_sleep_ns": 0})
+    polling = Path(build_module(config))
+    assert "NANOSLEEP" not in bt.sass(polling, KERNEL)
 
 
 # ---------------------------------------------------------------------------------------------

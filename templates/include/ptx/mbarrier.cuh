@@ -53,5 +53,28 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// The same loop with try_wait's suspend-time hint (9.7.13.15.16, PTX ISA 7.8): a thread whose
+// phase has not completed may be suspended for up to kSuspendNs nanoseconds (or until the phase
+// completes) before try_wait returns, instead of coming back at once and polling again. For
+// waiters off the critical path (the producer warpgroup's waits for a free ring slot or a loaded
+// tile): their polling loop issues two instructions per round on the SM sub-partition that
+// consumer warps share with them. kSuspendNs = 0 is mbarrier_wait.
+template <uint32_t kSuspendNs>
+__device__ __forceinline__ void mbarrier_wait_suspend(uint64_t* bar, uint32_t parity) {
+  if constexpr (kSuspendNs == 0) {
+    mbarrier_wait(bar, parity);
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_loop:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+        "@!done bra wait_loop;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity), "n"(kSuspendNs)
+        : "memory");
+  }
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

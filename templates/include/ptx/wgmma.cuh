@@ -36,22 +36,8 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
 __device__ __forceinline__ uint32_t wgmma_desc_sw128_low(const void* smem) {
   return static_cast<uint32_t>(wgmma_desc_sw128(smem));
 }
-// The same low word from a shared-state-space address (ptx/smem_addr.cuh).
-__device__ __forceinline__ uint32_t wgmma_desc_sw128_low_at(uint32_t smem_address) {
-  constexpr uint32_t kLeadingByteOffset = 1;  // as wgmma_desc_sw128
-  return ((smem_address & 0x3FFFF) >> 4) | (kLeadingByteOffset << 16);
-}
 __device__ __forceinline__ uint64_t wgmma_desc_from_low(uint32_t low) {
   return (static_cast<uint64_t>(kDescSw128High) << 32) | low;
-}
-
-// Where a thread writes a K-major operand tile itself (the P tiles of the Hopper kernels): the
-// shared address of bytes 4t..4t+3 of 16-byte chunk 0 of `row` in a 1024-byte aligned tile of
-// 128-byte rows in the 128-byte swizzle, which holds chunk c at chunk c ^ (row % 8); `phase` is
-// row % 8, which the callers know without computing it. Chunk c's address is this one XORed
-// with c << 4 (the address's bits 4-6 hold row % 8, and XOR composes).
-__device__ __forceinline__ uint32_t sw128_row_address(uint32_t tile, int row, int phase, int t) {
-  return tile + static_cast<uint32_t>(row * 128 + (phase << 4) + 4 * t);
 }
 
 // wgmma.fence (9.7.15.7.1): orders this thread's register writes before the wgmma that reads them
@@ -60,8 +46,8 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 
 // fence.proxy.async.shared::cta (9.7.13.4, membar/fence): orders this thread's generic-proxy
 // writes to shared memory before the async proxy's reads of them, which include wgmma's operand
-// reads. Needed where threads (not TMA) write a wgmma operand (the FP8 kernel's P tiles of
-// kOverlappedSmemP, benchmarks/sm90_pipes.cu).
+// reads. Needed where threads (not TMA) write a wgmma operand (benchmarks/sm90_pipes.cu fills
+// its operand tiles so).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -63,23 +63,25 @@ struct Fp8Params {
 
 // ---- producer ----------------------------------------------------------------------------------
 
-template <class Smem>
+// kWaitSleepNs: the suspend-time hint of the producer's waits for free slots (0: plain polling;
+// ptx::mbarrier_wait_suspend).
+template <uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
   uint32_t items = 0;
   for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
     ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
     ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kStages>();
-      ptx::mbarrier_wait(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
       ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
-      ptx::mbarrier_wait(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
       ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
     }
@@ -110,17 +112,15 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
   issue_ss(s, ptx::wgmma_desc_sw128_low(q_rows), ptx::wgmma_desc_sw128_low(k_tile));
 }
 
-// Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows): a fresh
-// accumulator, or (accumulate = 1, the kOBlock > 1 benchmark builds) Otmp += P V.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile,
-                                         uint32_t accumulate = 0) {
+// Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh
+// accumulator.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile) {
   const uint32_t v_desc = ptx::wgmma_desc_sw128_low(v_tile);
   ptx::wgmma_fence();  // the softmax wrote pa and the O update read o: order both before the wgmma
 #pragma unroll
   for (int k = 0; k < kTileKeys / 32; ++k) {
     const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
-                                  k > 0 ? 1u : accumulate);
+    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
 }
@@ -144,20 +144,10 @@ __device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_
 // Waits for the V tile of the slot before `slot` (the tile of the last softmax) and issues P V.
 template <class Smem>
 __device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uint32_t (&pa)[16],
-                                                    Smem& sm, const RingSlot& slot, uint32_t accumulate = 0) {
+                                                    Smem& sm, const RingSlot& slot) {
   const int stage = slot.previous_stage<Smem::kStages>();
   ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kStages>());
-  issue_pv(otmp, pa, sm.v[stage], accumulate);
-}
-
-// Waits for the V tile of the slot before `slot` and issues Otmp = P V with P from the
-// consumer's P tile in shared memory (kOverlappedSmemP).
-template <class Smem>
-__device__ __forceinline__ void issue_pv_from_smem_when_ready(float (&otmp)[64], uint32_t p_tile, Smem& sm,
-                                                              const RingSlot& slot) {
-  const int stage = slot.previous_stage<Smem::kStages>();
-  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kStages>());
-  issue_ss(otmp, ptx::wgmma_desc_sw128_low_at(p_tile), ptx::wgmma_desc_sw128_low(sm.v[stage]));
+  issue_pv(otmp, pa, sm.v[stage]);
 }
 
 // O = alpha O + Otmp, alpha per row (the two-level accumulation, spec 4.4).
@@ -196,44 +186,6 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uin
   release_v_update_o<kOUpdate>(o, otmp, alpha, sm, stage);
 }
 
-// The same after a PV whose P came from shared memory (kOverlappedSmemP).
-template <bool kOUpdate, class Smem>
-__device__ __forceinline__ void finish_pv_from_smem(float (&o)[64], float (&otmp)[64], const float (&alpha)[2],
-                                                    Smem& sm, int stage) {
-  ptx::fence_operands(otmp);
-  release_v_update_o<kOUpdate>(o, otmp, alpha, sm, stage);
-}
-
-// The two-level accumulation over blocks of kOBlock tiles (benchmark builds, kOBlock > 1; the
-// issue allows "a fresh accumulator per KV tile or per few tiles"): Otmp sums the PV of a block's
-// tiles in the wgmma accumulator while their rows keep one max, and O = A O + Otmp once per block.
-// A (per row) takes O from its frame (the max it is relative to) to that of the tiles in Otmp. A
-// row whose max moves inside a block is flushed first, O = A O + Otmp and Otmp = 0, so every
-// tile in Otmp shares one frame. Called after the softmax of tile t, before PV(t) is issued;
-// a block ends with update_o(o, otmp, A).
-template <int kOBlock>
-__device__ __forceinline__ void o_block_step(float (&o)[64], float (&otmp)[64], float (&a)[2], const float (&alpha)[2],
-                                             int t) {
-  if (t % kOBlock == 0) {  // tile t opens a block: Otmp starts afresh with PV(t)
-    a[0] = alpha[0];
-    a[1] = alpha[1];
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (alpha[r] != 1.0f) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        if (((i >> 1) & 1) == r) {
-          o[i] = fmaf(o[i], a[r], otmp[i]);
-          otmp[i] = 0.0f;
-        }
-      }
-      a[r] = alpha[r];
-    }
-  }
-}
-
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax step that makes P of tile t.
 template <int kPolyExp2Every, bool kSoftmax, class Smem>
@@ -257,42 +209,6 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
   ++slot.index;
 }
 
-// The overlapped schedule's softmax half: release tile t's K (and the Q block after the last
-// tile) and turn S into Ptil in place while the previous tile's PV still runs; returns nothing,
-// P is packed after that PV completed (its A registers are still being read until then).
-template <int kPolyExp2Every, class Smem>
-__device__ __forceinline__ void softmax_exp_of_tile(float (&s)[64], Fp8RowState& st, Smem& sm,
-                                                    const RingSlot& slot, const WorkItem& it, int t, int tiles,
-                                                    float sk, float c, int quad_col) {
-  ptx::fence_operands(s);
-  if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
-  }
-  const int valid = it.seg_len - t * kTileKeys;
-  if (valid < kTileKeys) {
-    fp8_softmax_exp<true, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
-  } else {
-    fp8_softmax_exp<false, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
-  }
-}
-
-// kOverlappedSmemP: after the softmax's exponentials of tile t, P(t) goes to the P tile of its
-// parity (the other one holds P(t - 1), which the running PV reads), fenced for the async proxy;
-// the consumer's threads meet on kPTileReady before the PV of P(t) is issued.
-__device__ __forceinline__ void publish_p(const float (&s)[64], uint32_t p_tile) {
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  store_p(s, p_tile, tid / 32, tid % 32);
-  ptx::fence_proxy_async_shared();
-}
-
-// The shared address of the consumer's P tiles (kOverlappedSmemP): two per consumer, after the
-// shared storage.
-template <class Smem>
-__device__ __forceinline__ uint32_t p_tiles_of(Smem& sm, int consumer) {
-  return ptx::smem_addr(&sm) + static_cast<uint32_t>(sizeof(Smem)) + consumer * 2 * kPTileBytes;
-}
-
 // out = bf16(fp32(O * sv) / l) for the thread's two rows, if they are rows of the block.
 __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowState& st, const WorkItem& it,
                                              int row0, const Fp8Params& p, int quad_col) {
@@ -308,47 +224,33 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
   }
 }
 
-// Consumer schedules (kSchedule; benchmarks/RESULTS.md has their measurements):
-//   kFusedPhases  (default) one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back
-//                 and waits for both before the softmax of tile t; O, S, Otmp and P hold 208 of
-//                 the 240 registers;
-//   kOverlapped   QK^T(t) is issued first and waited for alone, so the exponentials of tile t run
-//                 while PV(t - 1) is still on the tensor cores (P(t) stays in S's registers until
-//                 that PV has read P(t - 1), then is packed). FA3's intra-warpgroup overlap; today
-//                 it spills (100 bytes) and measures 5-9 % slower than kFusedPhases.
-//   kOverlappedSmemP  the same order with P through shared memory: P(t) is stored into one of two
-//                 P tiles (fp8_softmax.cuh store_p) right after its exponentials, and PV is an SS
-//                 wgmma reading it, so no A registers stay pinned while PV(t - 1) runs (192 of
-//                 the 240 registers in the loop instead of 208). Benchmark builds only, not yet
-//                 measured (benchmarks/RESULTS.md).
-// The fused schedule fits the 240 registers without local memory, with no register to spare: a
-// value held across the tile loop (an invariant of the item loop too) is one the loop lacks, hence
-// the item loop's condition and head_offset.
-// (A third schedule, QK^T and PV in phases of their own with PV's accumulator in S's registers,
-// freed 64 registers but measured 8-10 % slower: every GEMM waited for at once. A fourth, the
-// fused phases with O = alpha O + Otmp moved into the exponential loop of the next tile, measured
-// 3 % slower.)
-enum Schedule : int { kFusedPhases = 0, kOverlapped = 2, kOverlappedSmemP = 3 };
+// The consumers' schedule: one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back and
+// waits for both before the softmax of tile t; O, S, Otmp and P hold 208 of the 240 registers,
+// without local memory and with no register to spare: a value held across the tile loop (an
+// invariant of the item loop too) is one the loop lacks, hence the item loop's condition and
+// head_offset. Measured and removed (benchmarks/RESULTS.md): QK^T(t) first, so that the
+// exponentials of tile t run under PV(t - 1) (FA3's intra-warpgroup overlap), with P(t) in
+// registers (100 bytes of spills, 5-9 % slower) or through two shared-memory P tiles (8-11 %
+// slower); QK^T and PV in phases of their own (8-10 % slower); O = alpha O + Otmp in the next
+// tile's exponential loop (3 % slower); one PV accumulator per 2 or 4 tiles (9 % slower); the
+// softmax one row after the other (3 % slower).
 
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
-template <int PolyExp2Every = 16, int ScheduleId = kFusedPhases, bool PingPongOn = true, int Stages = kFp8Stages,
-          bool SoftmaxOn = true, bool OUpdateOn = true, int OBlock = 1>
+template <int PolyExp2Every = 16, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
+          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs>
 struct Fp8Options {
   static constexpr int kPolyExp2Every = PolyExp2Every;  // every n-th exponential on the FMA pipe (0: none)
-  static constexpr int kSchedule = ScheduleId;          // the consumers' GEMM schedule (Schedule above)
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
   static constexpr int kStages = Stages;                // the depth of the K and V rings
   static constexpr bool kSoftmax = SoftmaxOn;           // false: S packed as P (not attention)
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
-  static constexpr int kOBlock = OBlock;                // tiles per fresh PV accumulator (o_block_step)
-  static_assert(kOBlock == 1 || kOBlock == 2 || kOBlock == 4, "o_block: 1, 2 or 4 tiles");
-  static_assert(kOBlock == 1 || (kSchedule == kFusedPhases && kOUpdate), "kOBlock > 1: the fused schedule");
+  static constexpr uint32_t kWaitSleepNs = WaitSleepNs; // the producer's suspend-time hint (produce)
 };
 
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
-  constexpr int kPolyExp2Every = Opt::kPolyExp2Every, kSchedule = Opt::kSchedule, kOBlock = Opt::kOBlock;
+  constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
   constexpr bool kSoftmax = Opt::kSoftmax, kOUpdate = Opt::kOUpdate;
   const int tid = threadIdx.x % kWarpgroupThreads;
   const int warp = tid / 32, lane = tid % 32;
@@ -363,15 +265,9 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) pa[i] = 0u;
   Fp8RowState st;
-  float o_rescale[2] = {0.0f, 0.0f};  // kOBlock > 1: A of o_block_step
 
   const PingPong<Opt::kPingPong> turn(consumer);
   turn.start();
-  // kOverlappedSmemP only: this consumer's two P tiles, and the meeting of its threads after all
-  // of them published P (a P tile is rewritten two tiles later, after every thread's wait for
-  // the PV that read it).
-  const uint32_t p_tiles = p_tiles_of(sm, consumer);
-  const auto p_ready = [] { ptx::named_barrier_sync(kPTileReady + consumer, kWarpgroupThreads); };
 
   RingSlot slot;
   uint32_t items = 0;
@@ -396,82 +292,27 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
       issue_qk_when_ready(s, q_rows, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      if constexpr (kSchedule == kOverlappedSmemP) {
-        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
-        publish_p(s, p_tiles);
-        ++slot.index;
-      } else {
-        finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
-        if constexpr (kOBlock > 1) o_block_step<kOBlock>(o, otmp, o_rescale, st.alpha, 0);
-      }
+      finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
       const float sk = __ldg(ks + t);  // in flight across the barrier and the GEMMs
-      if constexpr (kSchedule == kOverlappedSmemP) p_ready();
       turn.wait();
-      if constexpr (kSchedule == kOverlappedSmemP) {
-        issue_qk_when_ready(s, q_rows, sm, slot);
-        issue_pv_from_smem_when_ready(otmp, p_tiles + ((t - 1) & 1) * kPTileBytes, sm, slot);
-        turn.pass();
-        const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
-        ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
-        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
-        publish_p(s, p_tiles + (t & 1) * kPTileBytes);
-        ptx::wgmma_wait<0>();
-        finish_pv_from_smem<kOUpdate>(o, otmp, alpha_prev, sm, pv_stage);
-        ++slot.index;
-      } else if constexpr (kSchedule == kOverlapped) {
-        issue_qk_when_ready(s, q_rows, sm, slot);
-        issue_pv_when_ready(otmp, pa, sm, slot);
-        turn.pass();
-        const float alpha_prev[2] = {st.alpha[0], st.alpha[1]};
-        ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
-        softmax_exp_of_tile<kPolyExp2Every>(s, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
-        ptx::wgmma_wait<0>();
-        finish_pv<kOUpdate>(o, otmp, pa, alpha_prev, sm, pv_stage);
-        pack_p(s, pa);
-        ++slot.index;
-      } else if constexpr (kOBlock > 1) {
-        issue_pv_when_ready(otmp, pa, sm, slot, (t - 1) % kOBlock != 0);
-        issue_qk_when_ready(s, q_rows, sm, slot);
-        turn.pass();
-        ptx::wgmma_wait<1>();
-        ptx::fence_operands(otmp);
-        ptx::fence_operands(pa);
-        release_v(sm, pv_stage);
-        if ((t - 1) % kOBlock == kOBlock - 1) update_o(o, otmp, o_rescale);  // the block ends
-        ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
-        o_block_step<kOBlock>(o, otmp, o_rescale, st.alpha, t);
-      } else {
-        issue_pv_when_ready(otmp, pa, sm, slot);
-        issue_qk_when_ready(s, q_rows, sm, slot);
-        turn.pass();
-        ptx::wgmma_wait<1>();
-        finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
-        ptx::wgmma_wait<0>();
-        finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
-      }
+      issue_pv_when_ready(otmp, pa, sm, slot);
+      issue_qk_when_ready(s, q_rows, sm, slot);
+      turn.pass();
+      ptx::wgmma_wait<1>();
+      finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
+      ptx::wgmma_wait<0>();
+      finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
-      if constexpr (kSchedule == kOverlappedSmemP) p_ready();
       turn.wait();
-      if constexpr (kSchedule == kOverlappedSmemP) {
-        issue_pv_from_smem_when_ready(otmp, p_tiles + ((tiles - 1) & 1) * kPTileBytes, sm, slot);
-      } else {
-        issue_pv_when_ready(otmp, pa, sm, slot, kOBlock > 1 && (tiles - 1) % kOBlock != 0);
-      }
+      issue_pv_when_ready(otmp, pa, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      if constexpr (kSchedule == kOverlappedSmemP) {
-        finish_pv_from_smem<kOUpdate>(o, otmp, st.alpha, sm, pv_stage);
-      } else if constexpr (kOBlock > 1) {
-        finish_pv<kOUpdate>(o, otmp, pa, o_rescale, sm, pv_stage);  // closes the last block
-      } else {
-        finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
-      }
+      finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
     }
     // The item's head, segment and row range again (L1-resident table reads): keeping them live
     // across the tile loop costs registers the loop needs.
@@ -480,11 +321,10 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   turn.finish();
 }
 
-// Dynamic shared memory of a build: the storage, plus the P tiles of kOverlappedSmemP.
+// Dynamic shared memory of a build.
 template <class Opt>
 constexpr int fp8_smem_bytes() {
-  return smem_bytes<Opt::kStages>() +
-         (Opt::kSchedule == kOverlappedSmemP ? kConsumers * 2 * static_cast<int>(kPTileBytes) : 0);
+  return smem_bytes<Opt::kStages>();
 }
 
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
@@ -506,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce(sm, &tm_q, &tm_k, &tm_v, p);
+    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs>(sm, &tm_q, &tm_k, &tm_v, p);
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates

@@ -16,8 +16,6 @@
 
 #include "../../ptx/fp8_pack.cuh"
 #include "../../ptx/math.cuh"
-#include "../../ptx/smem_addr.cuh"
-#include "../../ptx/wgmma.cuh"
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -136,31 +134,6 @@ __device__ __forceinline__ void pack_p(const float (&p)[64], uint32_t (&pa)[16])
         const int c0 = 4 * (4 * k + 2 * h) + 2 * r;  // chunk 4k + 2h, row g + 8r
         const int c1 = c0 + 4;                       // chunk 4k + 2h + 1
         pa[4 * k + 2 * h + r] = ptx::pack_e4m3x4(p[c0], p[c0 + 1], p[c1], p[c1 + 1]);
-      }
-    }
-  }
-}
-
-// One consumer's P of a KV tile as a shared-memory wgmma operand (the kOverlappedSmemP schedule):
-// 64 rows x 128 E4M3 codes, K-major in the 128-byte swizzle of the Q and K tiles.
-constexpr uint32_t kPTileBytes = 64 * 128;
-
-// The same codes as pack_p, stored instead into the P tile at shared address `p_tile` (1024-byte
-// aligned): A register 2h + r of k-step k, the K positions 32k + 16h + 4t..+3 of row
-// 16w + g + 8r, lands at 16-byte chunk 2k + h of that row (ptx::sw128_row_address). For a fixed
-// register the warp's 32 stores hit 32 different banks (the 8 rows' chunks are 8 different ones).
-__device__ __forceinline__ void store_p(const float (&p)[64], uint32_t p_tile, int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t row = ptx::sw128_row_address(p_tile, 16 * warp + g + 8 * r, g, t);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c0 = 4 * (4 * k + 2 * h) + 2 * r;  // as pack_p
-        const int c1 = c0 + 4;
-        ptx::st_shared_b32(row ^ ((2 * k + h) << 4), ptx::pack_e4m3x4(p[c0], p[c0 + 1], p[c1], p[c1 + 1]));
       }
     }
   }

@@ -61,18 +61,15 @@ enum Nvfp4Variant : int {
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder,
-  // Not in production (benchmark builds, not yet measured): each GEMM phase issues QK^T(t)
-  // first and PV(t - 1) second, the latter reading P from a shared-memory tile, so the softmax
-  // and P quantisation of tile t run while PV(t - 1) is on the tensor cores (P(t) is stored
-  // after that PV completed; one P block of 32 KB after the shared storage).
-  kPvUnderSoftmax = 32,
 };
+// (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
+// of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
+// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %).)
 
-// Dynamic shared memory of a build: the storage, plus the P block of kPvUnderSoftmax (both
-// consumers' rows, two atoms, as the Q block).
+// Dynamic shared memory of a build.
 template <int kVariant, int kKStages, int kVStages>
 constexpr int nvfp4_kernel_smem_bytes() {
-  return nvfp4_smem_bytes<kKStages, kVStages>() + ((kVariant & kPvUnderSoftmax) != 0 ? static_cast<int>(kFp16TileBytes) : 0);
+  return nvfp4_smem_bytes<kKStages, kVStages>();
 }
 
 struct Nvfp4Params {
@@ -84,14 +81,16 @@ struct Nvfp4Params {
 
 // ---- producer warpgroup --------------------------------------------------------------------
 
-template <class Smem>
+// kWaitSleepNs (here and in produce_delta): the suspend-time hint of the producer warpgroup's
+// waits (0: plain polling; ptx::mbarrier_wait_suspend).
+template <uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
   uint32_t items = 0;
   for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
     const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_wait(&sm.q_empty, (items & 1u) ^ 1u);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
     ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
     ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
     ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
@@ -99,11 +98,11 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
       const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
-      ptx::mbarrier_wait(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
       ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
       ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
-      ptx::mbarrier_wait(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
       ptx::mbarrier_arrive_expect_tx(&sm.v_full[vs], kFp16TileBytes);
       ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
       ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
@@ -113,7 +112,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
 
 // A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
 // m16 blocks of delta into sm.delta[stage].
-template <int kVariant, class Smem>
+template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
   RingSlot slot;
   uint32_t* parts = sm.qbar_parts[delta_warp];
@@ -126,8 +125,8 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kKStages>();
       const uint32_t parity = slot.parity<Smem::kKStages>();
-      ptx::mbarrier_wait(&sm.k_full[st], parity);
-      ptx::mbarrier_wait(&sm.delta_empty[st], parity ^ 1u);  // the consumers loaded its last delta
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);  // the consumers loaded its last delta
       if constexpr ((kVariant & kComputeDelta) != 0) {
         tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
       }
@@ -175,16 +174,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
     ptx::wgmma_m64n128k16_f16_rs(o, a, v_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
-}
-
-// kPvUnderSoftmax: waits for the V tile before `slot` and issues O += P V with P from the P
-// block (p_desc: this consumer's rows of its atom 0).
-template <class Smem>
-__device__ __forceinline__ void issue_pv_from_smem_when_ready(float (&o)[64], uint64_t p_desc, Smem& sm,
-                                                              const RingSlot& slot) {
-  const int stage = slot.previous_stage<Smem::kVStages>();
-  ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kVStages>());
-  issue_ss_k128(o, p_desc, sm.v[stage][0]);
 }
 
 // A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e].
@@ -263,32 +252,6 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ++slot.index;
 }
 
-// kPvUnderSoftmax, after QK^T(t) completed while PV(t - 1) may still run: release the K tile of
-// `slot` (the Q block after the last tile), the softmax of tile t into pa; then, once PV(t - 1)
-// completed (pv_pending), release its V tile, store P(t) into the P block for the next phase's
-// PV and rescale O. p_rows: the shared address of this consumer's row 0 in atom 0 of the block.
-template <int kVariant, bool kPvPending, class Smem>
-__device__ __forceinline__ void after_qk_under_pv(float (&s)[64], float (&o)[64], uint32_t (&pa)[32],
-                                                  Nvfp4RowState& st, Smem& sm, RingSlot& slot, bool last_tile,
-                                                  float c, uint32_t p_rows) {
-  ptx::fence_operands(s);
-  if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
-    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
-  }
-  nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0>(s, pa, st, c, sm.recip);
-  if constexpr (kPvPending) {
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(o);
-    if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
-  }
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  store_p_f16(pa, p_rows, tid / 32, tid % 32);
-  ptx::fence_proxy_async_shared();
-  rescale_o(o, st);
-  ++slot.index;
-}
-
 // out = bf16_rn(O / l) for the thread's two rows, if they are rows of the block (SPEC 3.8).
 __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const Nvfp4RowState& st, const WorkItem& it,
                                                    int row0, const Nvfp4Params& p, int quad_col) {
@@ -323,13 +286,6 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
   const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
   turn.start();
-  // kPvUnderSoftmax only: the P block after the shared storage, and the meeting of this
-  // consumer's threads once all of them stored P (the next PV reads every row of it).
-  constexpr bool kPvUnder = (kVariant & kPvUnderSoftmax) != 0;
-  const uint32_t p_block = ptx::smem_addr(&sm) + static_cast<uint32_t>(sizeof(Smem));
-  const uint32_t p_rows = p_block + 64 * consumer * 128;
-  const uint64_t p_desc = ptx::wgmma_desc_from_low(ptx::wgmma_desc_sw128_low_at(p_rows));
-  const auto p_ready = [consumer] { ptx::named_barrier_sync(kPTileReady + consumer, kWarpgroupThreads); };
 
   RingSlot slot;
   uint32_t items = 0;
@@ -348,37 +304,18 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
-    if constexpr (kPvUnder) {
-      after_qk_under_pv<kVariant, false>(s, o, pa, st, sm, slot, tiles == 1, p.c, p_rows);
-    } else {
-      after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
-    }
+    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
       load_delta(s, sm, slot, quad_col);
-      if constexpr (kPvUnder) {
-        p_ready();
-        turn.wait();  // my GEMM phase
-        issue_qk_when_ready(s, q_desc, sm, slot);
-        issue_pv_from_smem_when_ready(o, p_desc, sm, slot);
-        turn.pass();
-        ptx::wgmma_wait<1>();  // QK^T(t) done; PV(t - 1) may still run
-        after_qk_under_pv<kVariant, true>(s, o, pa, st, sm, slot, t == tiles - 1, p.c, p_rows);
-      } else {
-        turn.wait();  // my GEMM phase
-        issue_pv_when_ready(o, pa, sm, slot);
-        issue_qk_when_ready(s, q_desc, sm, slot);
-        turn.pass();
-        ptx::wgmma_wait<0>();
-        after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
-      }
-    }
-    if constexpr (kPvUnder) p_ready();
-    turn.wait();  // my GEMM phase
-    if constexpr (kPvUnder) {
-      issue_pv_from_smem_when_ready(o, p_desc, sm, slot);
-    } else {
+      turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
+      issue_qk_when_ready(s, q_desc, sm, slot);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
+    turn.wait();  // my GEMM phase
+    issue_pv_when_ready(o, pa, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
@@ -393,8 +330,10 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
 // kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
-// nvfp4_kernel_smem_bytes<kVariant, kKStages, kVStages>()).
-template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages>
+// nvfp4_kernel_smem_bytes<kVariant, kKStages, kVStages>()); kWaitSleepNs: the producer
+// warpgroup's suspend-time hint.
+template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
+          uint32_t kWaitSleepNs = kProducerWaitSleepNs>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
@@ -417,9 +356,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles(sm, &tm_q, &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
-      produce_delta<kVariant>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
+      produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }
   } else {
     ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();

@@ -21,8 +21,6 @@
 #include "../../numerics/group_quantize.cuh"
 #include "../../ptx/cvt.cuh"
 #include "../../ptx/math.cuh"
-#include "../../ptx/smem_addr.cuh"
-#include "../../ptx/wgmma.cuh"
 #include "fp8_softmax.cuh"  // quad_max, quad_sum
 #include "nvfp4_shared_storage.cuh"  // kFp16AtomBytes
 
@@ -85,23 +83,6 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t 
       h = __floats2half2_rn(p[4 * i + 2 * r], p[4 * i + 2 * r + 1]);
     }
     pa[2 * i + r] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-// P (the A registers quantize_p_group wrote) into the kernel's P block for a shared-memory PV
-// (kPvUnderSoftmax): register 2i + r holds key positions 8i + 2t, +1 of row 16w + g + 8r, bytes
-// 16i + 4t of its 256-byte row: chunk i % 8 of atom i / 8 (ptx::sw128_row_address; rows 64c.. of
-// consumer c, p_rows its row 0, so the row's index mod 8 is still g). For a fixed register the
-// warp's 32 stores hit 32 different banks.
-__device__ __forceinline__ void store_p_f16(const uint32_t (&pa)[32], uint32_t p_rows, int warp, int lane) {
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t row = ptx::sw128_row_address(p_rows, 16 * warp + g + 8 * r, g, t);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      ptx::st_shared_b32((row + (i / 8) * kFp16AtomBytes) ^ ((i % 8) << 4), pa[2 * i + r]);
-    }
   }
 }
 

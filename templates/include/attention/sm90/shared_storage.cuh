@@ -94,9 +94,7 @@ struct RingSlot {
 // Named barriers (id 0 is __syncthreads). kTurn + c: consumer c may issue its GEMMs; the other
 // consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
 // the other's tensor-core work.
-// kPTileReady + c (the FP8 kernel's kOverlappedSmemP schedule only): consumer c's 128 threads
-// have all written and fenced the P tile its next PV reads.
-enum NamedBarrier : uint32_t { kTurn = 1, kPTileReady = 3 };
+enum NamedBarrier : uint32_t { kTurn = 1 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 
 // Consumer c's side of the ping-pong: wait() before its GEMM phase, pass() once its GEMMs are
@@ -126,6 +124,14 @@ struct PingPong {
     }
   }
 };
+
+// The suspend-time hint (ns) of the producer warpgroup's mbarrier waits, for a free ring slot or
+// a loaded tile (ptx::mbarrier_wait_suspend). Polling without it, the producer thread executed
+// ~10 % of the FP8 kernel's instructions (two per round, on the SM sub-partition that two
+// consumer warps share with it) and the NVFP4 delta warps ~8 % of that kernel's; suspended, the
+// FP8 kernel runs 0.8-1.3 % faster, the NVFP4 one 0-0.4 % (benchmarks/RESULTS.md). 100 ns and
+// 10 us measured the same (the wait ends when the phase completes); the shorter bound is kept.
+constexpr uint32_t kProducerWaitSleepNs = 100;
 
 // The thread that arrives on `empty` barriers for its warpgroup (read from %tid when needed: a
 // register kept for it across the tile loop is one the loop lacks).
