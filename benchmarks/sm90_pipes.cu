@@ -86,6 +86,8 @@ enum Role : int {
                    // softmax) on resident tiles; both consumers run it
   kFp8ConsumerFree,  // the same without the turn (consumers unordered)
   kF16Phase,       // the NVFP4 kernel's GEMM phase: PV 8 x m64n128k16 RS, QK^T 8 x SS, f16
+  kF16QK,          // its QK^T alone (SS)
+  kF16PV,          // its PV alone (RS)
   kNvfp4Alu,       // the NVFP4 consumer's ALU work of a tile: delta loads, softmax + P
                    // quantisation (nvfp4_softmax_tile), O rescale
   kNvfp4Consumer,  // the NVFP4 consumer's tile loop (no delta warps: delta read as it lies)
@@ -179,6 +181,16 @@ __device__ long long run_role(const Operands& op, int iters, float* sink_out) {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(s);
       sm90::fp8_softmax_tile<false, 16>(s, pa16, st8, sm90::kTileKeys, kFp8Sk, kC, quad_col);
+    } else if constexpr (R == kF16QK) {
+      sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      live += s[0];
+    } else if constexpr (R == kF16PV) {
+      sm90::issue_pv(o, pa32, op.f16_v[0]);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(o);
+      live += o[0];
     } else if constexpr (R == kF16Phase) {
       sm90::issue_pv(o, pa32, op.f16_v[0]);
       sm90::issue_qk(s, f16_q_desc, op.f16_k[0]);
@@ -321,6 +333,10 @@ int main(int argc, char** argv) {
       experiment<kFp8Alu, kFp8Alu, true>("fp8 consumer ALU, both consumers", 2000, "~960: 2 x 60 MUFU x 8"),
       experiment<kFp8Alu, kFp8Phase>("fp8 consumer ALU beside the other's GEMM phases", 2000,
                                      "as alone, unless the GEMMs slow its issue"),
+      experiment<kFp8Alu, kFp8QK>("fp8 consumer ALU beside the other's QK^T only (SS)", 2000,
+                                  "the accumulator traffic alone"),
+      experiment<kFp8Alu, kFp8PV>("fp8 consumer ALU beside the other's PV only (RS)", 2000,
+                                  "plus A read from registers"),
       experiment<kFp8Consumer, kFp8Consumer, true>("fp8 consumer loop, ping-pong", 2000,
                                                    "the kernel's period without tiles; 2,475 in the kernel"),
       experiment<kFp8ConsumerFree, kFp8ConsumerFree, true>("fp8 consumer loop, unordered", 2000, ""),
@@ -329,6 +345,8 @@ int main(int argc, char** argv) {
       experiment<kNvfp4Alu, kIdle>("nvfp4 consumer ALU (delta, softmax + P quantisation, rescale)", 1000, ""),
       experiment<kNvfp4Alu, kNvfp4Alu, true>("nvfp4 consumer ALU, both consumers", 1000, ""),
       experiment<kNvfp4Alu, kF16Phase>("nvfp4 consumer ALU beside the other's GEMM phases", 1000, ""),
+      experiment<kNvfp4Alu, kF16QK>("nvfp4 consumer ALU beside the other's QK^T only (SS)", 1000, ""),
+      experiment<kNvfp4Alu, kF16PV>("nvfp4 consumer ALU beside the other's PV only (RS)", 1000, ""),
       experiment<kNvfp4Consumer, kNvfp4Consumer, true>("nvfp4 consumer loop, ping-pong (no delta warps)", 1000,
                                                        "~3,600 in the kernel"),
   };
