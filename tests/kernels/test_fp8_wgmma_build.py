@@ -8,13 +8,13 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
 - the roles' register split (``USETMAXREG``), 384 threads, one CTA per SM of shared memory;
 - no local memory: 0 bytes of stack frame and of spill stores / loads in ptxas' report, STACK and
   LOCAL 0 in the resource usage, no LDL / STL in the SASS. The consumers' 240 registers have none
-  to spare (fp8_kernel.cuh, Schedule), so a value newly held across the tile loop shows up here.
+  to spare (fp8_kernel.cuh, the consumers' schedule), so a value newly held across the tile loop
+  shows up here;
+- the producer's waits suspend (``NANOSLEEP.SYNCS`` after a failed ``TRYWAIT``).
 
 The benchmark-only builds without the softmax or the O update keep all their GEMMs. Otherwise
-only the default build is checked (``consumer_schedule`` 0, the fused schedule, and
-``poly_exp2_every`` 16; the fused schedule has no local memory at 0, 4, 8 and 32 either). The
-non-default ``consumer_schedule`` 2 (kOverlapped, an experiment kept for comparison) is allowed to
-spill and is not built here.
+only the default build is checked (``poly_exp2_every`` 16; the kernel has no local memory at 0,
+4, 8 and 32 either).
 """
 
 from __future__ import annotations
