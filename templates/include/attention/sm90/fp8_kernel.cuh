@@ -95,21 +95,16 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
 // below 2^18 bytes), so no descriptor is built between two wgmmas.
 __host__ __device__ constexpr uint32_t k32_step_offset(int k) { return static_cast<uint32_t>(32 * k) >> 4; }
 
-// D = A B^T over 128 K positions, both operands in shared memory: four k32 steps along the
-// 128-byte rows of two K-major tiles in the 128-byte swizzle, given by their descriptors' low words.
-__device__ __forceinline__ void issue_ss(float (&d)[64], uint32_t a_desc, uint32_t b_desc) {
-  ptx::wgmma_fence();  // the last reads of d (softmax, O update): order them before the wgmma writes it
+// S = Q K^T over the 128 channels: four k32 steps along the 128-byte rows of both tiles.
+__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_tile) {
+  const uint32_t q_desc = ptx::wgmma_desc_sw128_low(q_rows), k_desc = ptx::wgmma_desc_sw128_low(k_tile);
+  ptx::wgmma_fence();  // the softmax read s: order that before the wgmma writes it
 #pragma unroll
-  for (int k = 0; k < 128 / 32; ++k) {
-    ptx::wgmma_m64n128k32_e4m3_ss(d, ptx::wgmma_desc_from_low(a_desc + k32_step_offset(k)),
-                                  ptx::wgmma_desc_from_low(b_desc + k32_step_offset(k)), k > 0);
+  for (int k = 0; k < kHeadDim / 32; ++k) {
+    ptx::wgmma_m64n128k32_e4m3_ss(s, ptx::wgmma_desc_from_low(q_desc + k32_step_offset(k)),
+                                  ptx::wgmma_desc_from_low(k_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
-}
-
-// S = Q K^T over the 128 channels.
-__device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_tile) {
-  issue_ss(s, ptx::wgmma_desc_sw128_low(q_rows), ptx::wgmma_desc_sw128_low(k_tile));
 }
 
 // Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh
@@ -156,18 +151,14 @@ __device__ __forceinline__ void update_o(float (&o)[64], const float (&otmp)[64]
   for (int i = 0; i < 64; ++i) o[i] = fmaf(o[i], alpha[(i >> 1) & 1], otmp[i]);
 }
 
-// Hands the V tile of ring stage `stage` back to the producer (its PV completed).
-template <class Smem>
-__device__ __forceinline__ void release_v(Smem& sm, int stage) {
-  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
-}
-
-// After the PV wgmma completed (its operands fenced): release its V tile, O = alpha O + Otmp
-// (alpha: the rescale of the tile that PV multiplied).
+// After the PV wgmma completed: release its V tile, O = alpha O + Otmp (alpha: the rescale of
+// the tile that PV multiplied).
 template <bool kOUpdate, class Smem>
-__device__ __forceinline__ void release_v_update_o(float (&o)[64], const float (&otmp)[64], const float (&alpha)[2],
-                                                   Smem& sm, int stage) {
-  release_v(sm, stage);
+__device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
+                                          const float (&alpha)[2], Smem& sm, int stage) {
+  ptx::fence_operands(otmp);
+  ptx::fence_operands(pa);
+  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
   if constexpr (kOUpdate) {
     update_o(o, otmp, alpha);
   } else {
@@ -176,14 +167,6 @@ __device__ __forceinline__ void release_v_update_o(float (&o)[64], const float (
     // instructions and registers, as an upper bound.
     o[0] += otmp[0];
   }
-}
-
-template <bool kOUpdate, class Smem>
-__device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uint32_t (&pa)[16],
-                                          const float (&alpha)[2], Smem& sm, int stage) {
-  ptx::fence_operands(otmp);
-  ptx::fence_operands(pa);
-  release_v_update_o<kOUpdate>(o, otmp, alpha, sm, stage);
 }
 
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
@@ -321,14 +304,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   turn.finish();
 }
 
-// Dynamic shared memory of a build.
-template <class Opt>
-constexpr int fp8_smem_bytes() {
-  return smem_bytes<Opt::kStages>();
-}
-
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
-// fp8_smem_bytes<Opt>().
+// smem_bytes<Opt::kStages>().
 template <class Opt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,

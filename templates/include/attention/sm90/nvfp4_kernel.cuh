@@ -66,12 +66,6 @@ enum Nvfp4Variant : int {
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
 // block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %).)
 
-// Dynamic shared memory of a build.
-template <int kVariant, int kKStages, int kVStages>
-constexpr int nvfp4_kernel_smem_bytes() {
-  return nvfp4_smem_bytes<kKStages, kVStages>();
-}
-
 struct Nvfp4Params {
   PlanTables plan;
   const float* qbar;  // [q_blocks_cap, H, 128], canonical block order
@@ -146,22 +140,16 @@ __host__ __device__ constexpr uint64_t k16_step_offset(int k) {
   return static_cast<uint64_t>((k / 4) * kFp16AtomBytes + 32 * (k % 4)) >> 4;
 }
 
-// D += A B^T over 128 K positions with both operands in shared memory: eight k16 steps, two per
-// 32 bytes of each atom's rows. a_desc: the descriptor of this consumer's rows of atom 0 of a
-// two-atom block (atom 1 is kFp16AtomBytes on); b_tile: a two-atom tile.
-__device__ __forceinline__ void issue_ss_k128(float (&d)[64], uint64_t a_desc, const uint8_t* b_tile) {
-  const uint64_t b_desc = ptx::wgmma_desc_sw128(b_tile);
-  ptx::wgmma_fence();  // d's last writes (delta, the O rescale): order them before the wgmma
+// S = delta + Q' K'^T: eight k16 steps, two per 32 bytes of each atom's rows; S holds delta.
+// q_desc: the descriptor of this consumer's rows of Q atom 0 (atom 1 is kFp16AtomBytes on).
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t q_desc, const uint8_t* k_tile) {
+  const uint64_t k_desc = ptx::wgmma_desc_sw128(k_tile);
+  ptx::wgmma_fence();  // delta was just written into s: order it before the wgmma reads it
 #pragma unroll
-  for (int k = 0; k < 128 / 16; ++k) {
-    ptx::wgmma_m64n128k16_f16_ss(d, a_desc + k16_step_offset(k), b_desc + k16_step_offset(k), 1u);
+  for (int k = 0; k < kHeadDim / 16; ++k) {
+    ptx::wgmma_m64n128k16_f16_ss(s, q_desc + k16_step_offset(k), k_desc + k16_step_offset(k), 1u);
   }
   ptx::wgmma_commit();
-}
-
-// S = delta + Q' K'^T; S holds delta. q_desc: this consumer's rows of Q atom 0.
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t q_desc, const uint8_t* k_tile) {
-  issue_ss_k128(s, q_desc, k_tile);
 }
 
 // O += P V over the tile's 128 key positions (eight k16 steps of P's registers).
@@ -330,8 +318,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
 // kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
-// nvfp4_kernel_smem_bytes<kVariant, kKStages, kVStages>()); kWaitSleepNs: the producer
-// warpgroup's suspend-time hint.
+// nvfp4_smem_bytes<kKStages, kVStages>()); kWaitSleepNs: the producer warpgroup's suspend-time
+// hint.
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
           uint32_t kWaitSleepNs = kProducerWaitSleepNs>
 __global__ void __launch_bounds__(kThreads, 1)

@@ -22,7 +22,6 @@
 #include "../../ptx/cvt.cuh"
 #include "../../ptx/math.cuh"
 #include "fp8_softmax.cuh"  // quad_max, quad_sum
-#include "nvfp4_shared_storage.cuh"  // kFp16AtomBytes
 
 namespace flashinfer_h3 {
 namespace sm90 {
