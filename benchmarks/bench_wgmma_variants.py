@@ -6,12 +6,15 @@ operands the production pre-pass wrote once, and compares its output with the pr
 build's (rel L2; 0 means the same numbers). NVFP4 builds: ``quantize_p=False`` (P packed to FP16
 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their products),
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
-P rounding path, always saturating), ``k_stages`` / ``v_stages`` (the K and V ring depths). FP8
-builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe; production 16, 0 = none),
-``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P), ``o_update=False`` (no
-``O = alpha O + Otmp``: its instructions and registers). Both: ``ping_pong=False`` (the two
-consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0`` (the producer warpgroup's
-waits poll instead of suspending), ``smem_carveout`` (the preferred shared-memory carveout).
+P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
+FMUL instead of 1 / s folded into the exponentials), ``k_stages`` / ``v_stages`` (the K and V
+ring depths). FP8 builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe;
+production 16, 0 = none), ``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P),
+``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
+``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
+(the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule=False`` (the
+CTAs stride statically over the items instead of drawing them from a counter), ``smem_carveout``
+(the preferred shared-memory carveout).
 benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
 accumulators over several tiles, a row-split softmax, waits and releases, a second Q block).
 Outputs of the delta / softmax / O-update builds are not attention; their times say what each
@@ -50,6 +53,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "nvfp4": {
         "production (P quantised)": {},
         "P quantised, always the saturating rounding": {"fast_rounding": False},
+        "P quantised as Ptil * r (1 / s not folded into the exponentials)": {"fold_p_scale": False},
+        "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},
@@ -61,6 +66,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (fused phases, 1 in 16 exp2 on FMA)": {},
+        "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "1 in 8 exp2 on FMA": {"poly_exp2_every": 8},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},

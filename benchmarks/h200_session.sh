@@ -3,9 +3,9 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|mix|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
-# Hopper attention kernels, see below; neither is part of all)
+# Hopper attention kernels; mix: where h3-mix loses against h3-10s; see below; none is part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -99,6 +99,18 @@ if [[ $what == profile ]]; then
         ls -la "$OUT"
         timeout 120 python3 benchmarks/bench_quantize.py --standalone --profile --json "$OUT/bench_quantize.json"
     } 2>&1 | tee "$OUT/profile.log"
+fi
+
+if [[ $what == mix ]]; then
+    # Where h3-mix loses against h3-10s (both kernels, kernel only, production builds): h3-mix
+    # itself, then each of its six segment lengths as a ~61k-token shape of its own (many equal
+    # segments, so the last wave is a small share), 56 heads. The mix's time predicted from the
+    # per-length throughputs, against its measured time, is the cost of packing different
+    # lengths into one launch (the static schedule's imbalance); the per-length throughputs are
+    # the cost of short segments (per-item prologue and epilogue, masked tiles).
+    timeout 300 python3 benchmarks/bench_wgmma_variants.py --op fp8,nvfp4 --preset h3-mix \
+        --shape 30720*2:56 --shape 15360*4:56 --shape 9216*7:56 --shape 4096*15:56 \
+        --shape 1536*40:56 --shape 333*184:56 --only none --iters 5 --rounds 3 2>&1 | tee "$OUT/mix.log"
 fi
 
 if [[ $what == diagnose ]]; then

@@ -48,6 +48,7 @@ struct alignas(1024) Operands {
   uint8_t f16_v[2][sm90::kFp16AtomBytes];
   float delta[sm90::kTileKeys];
   float recip[sm90::kScaleCodes];
+  sm90::PScaleFold p_fold[sm90::kScaleCodes];
 };
 constexpr size_t kSmemBytes = sizeof(Operands) + 1024;  // + the alignment slack
 
@@ -62,9 +63,7 @@ __device__ void fill_operands(Operands& op) {
     words[i] = h & 0xB7B7B7B7u;
   }
   for (int i = threadIdx.x; i < sm90::kTileKeys; i += blockDim.x) op.delta[i] = 0.01f * (i % 7);
-  for (int b = threadIdx.x; b < sm90::kScaleCodes; b += blockDim.x) {
-    op.recip[b] = b == 0 || b == 0x7F ? 0.0f : __frcp_rn(fh3::e4m3_to_float(static_cast<uint8_t>(b)));
-  }
+  for (int b = threadIdx.x; b < sm90::kScaleCodes; b += blockDim.x) sm90::fill_p_scale_tables(b, op.recip, op.p_fold);
 }
 
 // Softmax constants of a realistic range: the FP8 scores are dot products of codes below 1 in
@@ -108,7 +107,7 @@ __device__ __forceinline__ void zero(T (&x)[N]) {
 // variant, without the barrier arrivals).
 __device__ __forceinline__ void nvfp4_alu(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], sm90::Nvfp4RowState& st,
                                           const Operands& op) {
-  sm90::nvfp4_softmax_tile<true, true>(s, pa, st, kNvfp4C, op.recip);
+  sm90::nvfp4_softmax_tile<true, true, true>(s, pa, st, kNvfp4C, op.recip, op.p_fold);
   sm90::rescale_o(o, st);
 }
 

@@ -72,7 +72,7 @@ ENV_BACKEND: dict[str, str] = {
     "fp8": "FLASHINFER_H3_FP8_BACKEND",
 }
 #: The workspace layout names of flashinfer_h3/layout.py (workspace.layout_for).
-WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "nvfp4_fp16", "fp8")
+WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "nvfp4_fp16", "fp8", "fp8_sm90")
 
 #: ``launch(q, k, v, out, softmax_scale, bounds, plan, views)``: one call's work on torch's
 #: current stream. ``plan`` and ``views`` are None / () for a backend without a workspace.
@@ -509,9 +509,11 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     takes the plan's used V columns (``vkey_start[S]``): its V tensor map ends there."""
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
-        # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales
+        # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, item_counter
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
-        return (*tables, *views), (*views[1:], *tables), (plan.host.vkey_start[-1],)
+        operands, counter = views[:7], views[7]
+        return ((*tables, *operands), (*operands[1:], *tables, counter),
+                (plan.host.vkey_start[-1],))
 
     return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)
 
@@ -530,12 +532,12 @@ def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         seg_bounds, vkey_start, qblock_start, qblocks = plan.args
         # views: the 8 NVFP4 regions (kbar, qbar, q/k codes and scales, v codes and scales),
-        # then q_f16, k_f16, v_f16
-        nvfp4, fp16 = views[:8], views[8:]
+        # then q_f16, k_f16, v_f16, item_counter
+        nvfp4, fp16, counter = views[:8], views[8:11], views[11]
         used = plan.host.vkey_start[-1]
         expand_args = (*nvfp4[2:], seg_bounds, vkey_start, *fp16, used)
         return ((seg_bounds, vkey_start, qblock_start, qblocks, *nvfp4, expand_args),
-                (nvfp4[1], *fp16, seg_bounds, vkey_start, qblock_start, qblocks), (used,))
+                (nvfp4[1], *fp16, seg_bounds, vkey_start, qblock_start, qblocks, counter), (used,))
 
     return prepass_attention_launcher(prepass, module.attention_nvfp4_wgmma, derive)
 
@@ -586,7 +588,7 @@ register(Backend(
             "sm_90a, lowered by ptxas)",
 ))
 register(Backend(
-    "wgmma_fp8", "fp8", KERNEL, wgmma_fp8_launcher, module="fp8_wgmma", workspace="fp8",
+    "wgmma_fp8", "fp8", KERNEL, wgmma_fp8_launcher, module="fp8_wgmma", workspace="fp8_sm90",
     capturable=True, archs=("sm_90a",), auto=(("sm_90a", 20),),
     summary="Hopper FP8 kernel: TMA producer + two ping-pong consumer warpgroups, E4M3 wgmma "
             "(QGMMA.64x128x32), two-level PV accumulation",

@@ -40,6 +40,9 @@ v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded as for NVFP
 v_scales    f32    [S, H, 128]                  per (segment, channel) scale amax/448
 ==========  =====  ===========================  ==============================================
 
+FP8 Hopper layout (``fp8_sm90``, the kernel ``wgmma_fp8``): the FP8 regions, then
+``item_counter`` (i32 [1], below).
+
 FP8 key order: within each 16-key group (from the segment start) key ``8h + 2q + e`` is stored at
 column ``4q + 2h + e`` (``reference.fp8_v_column``), the order in which an FP8 MMA's accumulator
 holds P, so P packs into the PV product's A operand without shuffles.
@@ -52,7 +55,12 @@ TMA reads them:
 q_f16       f16    [H, T, 128]                  Q' rows in token order
 k_f16       f16    [H, vkeys_cap, 128]          K' rows at padded key positions, window order
 v_f16       f16    [H, 128, vkeys_cap]          V^T columns at the same positions
+item_counter i32   [1]                          the Hopper kernel's dynamic item order (below)
 ==========  =====  ===========================  ==============================================
+
+``item_counter``: the Hopper kernels' (``wgmma_fp8``, ``wgmma_fp16_nvfp4``) persistent CTAs draw
+their next (block, head) item from it (``attention/sm90/tile_scheduler.cuh``); their binding zeroes
+it before each launch. The other backends leave it alone.
 
 Window order: within each 64-key window from the segment start, position ``8i + 2t + e`` holds
 key ``16t + 2i + e`` (:func:`window_key_at`), so that a wgmma accumulator thread holds whole
@@ -113,7 +121,7 @@ class Region:
 
 @dataclass(frozen=True)
 class WorkspaceLayout:
-    op: str  # "nvfp4" | "nvfp4_fp16" | "fp8"
+    op: str  # "nvfp4" | "nvfp4_fp16" | "fp8" | "fp8_sm90"
     tokens: int
     heads: int
     segments: int
@@ -190,6 +198,7 @@ def nvfp4_fp16_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout
         ("q_f16", f16, (H, T, D)),
         ("k_f16", f16, (H, nvk, D)),
         ("v_f16", f16, (H, D, nvk)),
+        ("item_counter", torch.int32, (1,)),
     ]
     return _pack("nvfp4_fp16", T, H, segments, specs)
 
@@ -215,6 +224,14 @@ def fp8_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
         ("v_codes", u8, (H, D, nvk)),
         ("v_scales", f32, (S, H, D)),
     ])
+
+
+def fp8_sm90_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
+    """The FP8 regions and the Hopper FP8 kernel's (``wgmma_fp8``) item counter."""
+    base = fp8_layout(tokens, heads, segments)
+    specs = [(r.name, r.dtype, r.shape) for r in base.regions]
+    specs.append(("item_counter", torch.int32, (1,)))
+    return _pack("fp8_sm90", tokens, heads, segments, specs)
 
 
 def workspace_bytes_nvfp4(tokens: int, num_heads: int, num_segments: int) -> int:

@@ -33,17 +33,19 @@ from typing import Any, TypeVar
 
 import torch
 
-from .layout import WorkspaceLayout, fp8_layout, nvfp4_fp16_layout, nvfp4_layout
+from .layout import WorkspaceLayout, fp8_layout, fp8_sm90_layout, nvfp4_fp16_layout, nvfp4_layout
 
 GROW_GRANULE = 2 << 20  # eager buffers are rounded up to 2 MiB (the allocator's large pages)
 VIEW_CACHE_SIZE = 64  # cached layouts per workspace
 
-_LAYOUTS = {"nvfp4": nvfp4_layout, "nvfp4_fp16": nvfp4_fp16_layout, "fp8": fp8_layout}
+_LAYOUTS = {"nvfp4": nvfp4_layout, "nvfp4_fp16": nvfp4_fp16_layout, "fp8": fp8_layout,
+            "fp8_sm90": fp8_sm90_layout}
 
 
 @functools.lru_cache(maxsize=1024)
 def layout_for(op: str, tokens: int, heads: int, segments: int) -> WorkspaceLayout:
-    """The (cached) workspace layout ``op`` ("nvfp4", "nvfp4_fp16" or "fp8") for these counts."""
+    """The (cached) workspace layout ``op`` ("nvfp4", "nvfp4_fp16", "fp8" or "fp8_sm90") for these
+    counts."""
     try:
         make = _LAYOUTS[op]
     except KeyError:

@@ -211,14 +211,15 @@ def test_flags_order_does_not_matter() -> None:
             {},
             ["/*poly_exp2_every=*/16,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
-             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs>"],
+             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/true>"],
         ),
         (
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
-             "o_update": False, "wait_sleep_ns": 0},
+             "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": False},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
-             "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0>"],
+             "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
+             "/*dynamic_schedule=*/false>"],
         ),
         (
             "nvfp4_wgmma",
@@ -230,9 +231,10 @@ def test_flags_order_does_not_matter() -> None:
         (
             "nvfp4_wgmma",
             {"quantize_p": False, "ping_pong": False, "k_stages": 2, "v_stages": 3,
-             "wait_sleep_ns": 0},
+             "wait_sleep_ns": 0, "fold_p_scale": False, "dynamic_schedule": False},
             ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder", "kKStages = 2;",
-             "kVStages = 3;", "kWaitSleepNs = 0;"],
+             "kVStages = 3;", "kWaitSleepNs = 0;", "& ~fh3::sm90::kFoldPScale",
+             "& ~fh3::sm90::kDynamicOrder"],
         ),
     ],
 )

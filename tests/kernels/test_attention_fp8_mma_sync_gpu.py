@@ -131,9 +131,12 @@ def run_kernel(module: Any, call: Call, scale: float = DEFAULT_SCALE,
         out = buf[: call.tokens]
         out.guard = buf[call.tokens :]  # type: ignore[attr-defined]
     if hasattr(module, "attention_fp8_wgmma"):  # the Hopper kernel (module fp8_wgmma) also
-        # takes the plan's used V columns; tests/kernels/test_attention_fp8_wgmma_gpu.py reruns
-        # this file's kernel-independent cases on it.
-        module.attention_fp8_wgmma(out, *call.kernel_args(), scale, call.host.vkey_start[-1])
+        # takes its dynamic item order's counter (any value: the binding zeroes it) and the plan's
+        # used V columns; tests/kernels/test_attention_fp8_wgmma_gpu.py reruns this file's
+        # kernel-independent cases on it.
+        counter = torch.full((1,), 0x7F7F7F7F, dtype=torch.int32, device="cuda")
+        module.attention_fp8_wgmma(out, *call.kernel_args(), counter, scale,
+                                   call.host.vkey_start[-1])
     else:
         module.attention_fp8_mma_sync(out, *call.kernel_args(), scale)
     return out

@@ -50,6 +50,21 @@ def module() -> Any:
     return get_module("fp8_wgmma")
 
 
+def test_item_counter_checks(module: Any) -> None:
+    """The binding names a wrong item counter (dtype, device, size): the kernel's dynamic item
+    order draws from it (a poisoned one works: the binding zeroes it before the launch)."""
+    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, run_kernel
+
+    call, _ = _call(module, [40], 2, seed=3)
+    out = torch.empty(40, 2, 128, dtype=torch.bfloat16, device="cuda")
+    used = call.host.vkey_start[-1]
+    for bad in (torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32),
+                torch.zeros(0, dtype=torch.int32, device="cuda")):
+        with pytest.raises(ValueError, match="item_counter"):
+            module.attention_fp8_wgmma(out, *call.kernel_args(), bad, DEFAULT_SCALE, used)
+    assert torch.isfinite(run_kernel(module, call)).all()
+
+
 def test_public_operator_auto_backend(module: Any) -> None:
     """On 9.0 the FP8 operator's auto backend is this kernel, through the whole call path, and
     agrees with the reference (and the mma.sync kernel, selected explicitly)."""
@@ -100,23 +115,27 @@ def benchmark_build(module_name: str, flags: dict[str, Any]) -> Any:
     return load_so(Path(build_module(KernelConfig(module_name, arch="sm_90a", flags=flags))))
 
 
-BENCHMARK_BOUNDS = [(0, 1, 17, 17, 162, 300, 700, 1500), (0, 4097)]
+# The third: 131 blocks x 3 heads = 393 items, more than two per CTA on any Hopper GPU, so the
+# dynamic item order draws from its counter (the others have fewer items than CTAs).
+BENCHMARK_BOUNDS = [(0, 1, 17, 17, 162, 300, 700, 1500), (0, 4097), (0, 9000, 9300, 14300, 16384)]
+BENCHMARK_IDS = ["packed", "4097", "mixed-16384"]
 
 
 @pytest.mark.parametrize(
     "flags",
-    [{"stages": 3}, {"ping_pong": False}, {"wait_sleep_ns": 0}],
-    ids=["ring-3", "no-ping-pong", "polling-waits"],
+    [{"stages": 3}, {"ping_pong": False}, {"wait_sleep_ns": 0}, {"dynamic_schedule": False}],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "static-order"],
 )
-@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=["packed", "4097"])
+@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
     module: Any, flags: dict[str, Any], bounds: tuple[int, ...]
 ) -> None:
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
-    polling) give the production build's output bit for bit. On segments of 1, 17, 162, ...
-    tokens (single and partial tiles) and on one of 4,097 (33 tiles: both ring parities, a
-    masked last tile)."""
+    polling, the static item order) give the production build's output bit for bit. On segments
+    of 1, 17, 162, ... tokens (single and partial tiles), on one of 4,097 (33 tiles: both ring
+    parities, a masked last tile), and on four of 300 to 9,000 tokens (393 items: several drawn
+    per CTA)."""
     base, variant = kernel_only_outputs(
         "fp8", "wgmma_fp8", [module, benchmark_build("fp8_wgmma", flags)], bounds
     )
@@ -124,14 +143,17 @@ def test_benchmark_builds_match_production(
     assert torch.equal(base, variant)
 
 
-@pytest.mark.parametrize("flags", [{"ping_pong": False}, {"wait_sleep_ns": 0}],
-                         ids=["no-ping-pong", "polling-waits"])
-@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=["packed", "4097"])
+@pytest.mark.parametrize(
+    "flags", [{"ping_pong": False}, {"wait_sleep_ns": 0}, {"dynamic_schedule": False}],
+    ids=["no-ping-pong", "polling-waits", "static-order"],
+)
+@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_nvfp4_benchmark_builds_match_production(
     flags: dict[str, Any], bounds: tuple[int, ...]
 ) -> None:
     """The NVFP4 kernel's benchmark-only builds that keep the arithmetic (no ping-pong; the
-    producer warpgroup's waits polling) give the production build's output bit for bit."""
+    producer warpgroup's waits polling; the static item order) give the production build's
+    output bit for bit."""
     from flashinfer_h3.jit import get_module
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -142,3 +164,26 @@ def test_nvfp4_benchmark_builds_match_production(
     )
     assert torch.isfinite(base).all()
     assert torch.equal(base, variant)
+
+
+@pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
+def test_nvfp4_unfolded_p_scale_build_is_close(bounds: tuple[int, ...]) -> None:
+    """Production folds each P group's 1 / s into its exponentials (y = 2^(S c - bias - log2 s)
+    instead of fl(Ptil * r)); the ``fold_p_scale=False`` build multiplies. The two y agree to the
+    exponential's own approximation, so their E2M1 codes can differ only for y within a few ulp
+    of a rounding tie: the outputs agree to far below the recipe's error (0.19), and on almost
+    every element exactly. A wrong table entry, offset or row-sum weight moves whole groups
+    (rel L2 >= 1e-2)."""
+    from flashinfer_h3.jit import get_module
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma NVFP4 kernel is a Hopper (compute capability 9.0) kernel")
+    base, variant = kernel_only_outputs(
+        "nvfp4", "wgmma_fp16_nvfp4",
+        [get_module("nvfp4_wgmma"), benchmark_build("nvfp4_wgmma", {"fold_p_scale": False})],
+        bounds,
+    )
+    assert torch.isfinite(base).all() and torch.isfinite(variant).all()
+    rel = ((base.float() - variant.float()).norm() / variant.float().norm()).item()
+    assert rel <= 1e-3, rel
+    assert (base != variant).float().mean().item() <= 0.01

@@ -166,7 +166,8 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
                                  v["v_codes"], v["v_scales"], t["seg_bounds"], t["vkey_start"],
                                  *fp16, used)
         module.attention_nvfp4_wgmma(out, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
-                                     t["qblock_start"], t["qblocks"], scale, used)
+                                     t["qblock_start"], t["qblocks"], v["item_counter"], scale,
+                                     used)
     else:
         module.attention_nvfp4(out, *prep.kernel_args(), scale)
     return out

@@ -101,7 +101,8 @@ def test_argument_checks(module: Any) -> None:
     used = build_host_plan(prep.bounds).vkey_start[-1]
     out = torch.empty(40, 2, 128, dtype=torch.bfloat16, device="cuda")
     fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
-    args = [v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"], t["qblock_start"], t["qblocks"]]
+    args = [v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"], t["qblock_start"], t["qblocks"],
+            v["item_counter"]]
     with pytest.raises(ValueError, match="out"):
         module.attention_nvfp4_wgmma(out.float(), *args, DEFAULT_SCALE, used)
     with pytest.raises(ValueError, match="softmax_scale"):
@@ -114,7 +115,11 @@ def test_argument_checks(module: Any) -> None:
         module.attention_nvfp4_wgmma(out, *bad, DEFAULT_SCALE, used)
     with pytest.raises(ValueError, match="CUDA"):
         bad = list(args)
-        bad[-1] = bad[-1].cpu()
+        bad[-2] = bad[-2].cpu()
+        module.attention_nvfp4_wgmma(out, *bad, DEFAULT_SCALE, used)
+    with pytest.raises(ValueError, match="item_counter"):
+        bad = list(args)
+        bad[-1] = bad[-1].float()
         module.attention_nvfp4_wgmma(out, *bad, DEFAULT_SCALE, used)
     with pytest.raises(ValueError, match="q_codes"):
         module.expand_nvfp4_fp16(v["q_codes"][:, :-1], v["q_scales"], v["k_codes"], v["k_scales"],

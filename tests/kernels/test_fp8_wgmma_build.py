@@ -84,6 +84,20 @@ def test_benchmark_builds_keep_every_gemm(flags: dict[str, int]) -> None:
     assert len(rs) == 16
 
 
+def test_dynamic_item_order(so: Path) -> None:
+    """Production draws its items from the workspace counter (one ``ATOM.E.ADD`` of the producer
+    thread) and hands them over through shared memory; the ``dynamic_schedule=False`` benchmark
+    build strides statically (no atomic) and, like production, has no local memory (the
+    producer's 24 registers are the tight part)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    assert len(re.findall(r"\bATOMG?\.E\.ADD", bt.sass(so, KERNEL))) == 1
+    config = KernelConfig("fp8_wgmma", arch="sm_90a", flags={"dynamic_schedule": False})
+    static = Path(build_module(config))
+    assert "ATOM" not in bt.sass(static, KERNEL)
+    bt.assert_no_local_memory(static, KERNEL)
+
+
 def test_producer_waits_suspend(so: Path) -> None:
     """The producer's waits for a free ring slot carry try_wait's suspend-time hint
     (``NANOSLEEP.SYNCS`` after the ``TRYWAIT`` that failed) instead of polling; the

@@ -67,6 +67,25 @@ def test_module_is_hopper_only() -> None:
         KernelConfig("nvfp4_wgmma", arch="sm_120a")
 
 
+def test_dynamic_item_order_and_folded_p_scale() -> None:
+    """Production draws its items from the workspace counter (one ``ATOM.E.ADD`` of the TMA
+    thread) and folds the P groups' 1 / s into the exponentials: its tile loop has no FMUL of
+    Ptil by a reciprocal left, 100+ instructions fewer than the ``fold_p_scale=False`` build's;
+    the ``dynamic_schedule=False`` build strides statically. Neither has local memory."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a"))), KERNEL)
+    assert len(re.findall(r"\bATOMG?\.E\.ADD", production)) == 1
+    for flags in ({"dynamic_schedule": False}, {"fold_p_scale": False}):
+        so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
+        bt.assert_no_local_memory(so, KERNEL)
+        if "dynamic_schedule" in flags:
+            assert "ATOM" not in bt.sass(so, KERNEL)
+        else:
+            fmul_unfolded = len(re.findall(r"\bFMUL\b", bt.sass(so, KERNEL)))
+            assert len(re.findall(r"\bFMUL\b", production)) <= fmul_unfolded - 100
+
+
 def test_producer_waits_suspend() -> None:
     """The producer warpgroup's waits (the TMA thread's for free slots, the delta warps' for K
     tiles and free delta buffers) carry try_wait's suspend-time hint (``NANOSLEEP.SYNCS``)

@@ -244,17 +244,20 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
     arguments of docs/design.md (derived once per plan and views)."""
 
     plan = FakePlan()
+    # (tables, the Hopper kernel's item counter, scale, tail)
     expected_tail = {
-        "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], 0.5, ()),
-        "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], 0.5, ()),
-        "mma_sync_fp8": (list(FakePlan.args), 0.5, ()),
-        "wgmma_fp8": (list(FakePlan.args), 0.5, (192,)),
+        "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
+        "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
+        "mma_sync_fp8": (list(FakePlan.args), [], 0.5, ()),
+        "wgmma_fp8": (list(FakePlan.args), ["item_counter"], 0.5, (192,)),
     }
     for op in backends.OPERATORS:
         for b in backends.backends(op):
             if not b.is_kernel or b.name not in expected_tail:
                 continue
-            views = tuple(f"view{i}" for i in range(8 if op == "nvfp4" else 7))
+            tables, counter, scale, tail = expected_tail[b.name]
+            operands = tuple(f"view{i}" for i in range(8 if op == "nvfp4" else 7))
+            views = operands + tuple(counter)  # the layout's regions (workspace.layout_for)
             module = Recorder()
             launch = b.make_launcher(module, b)
             for _ in range(2):  # the second call reuses the bound arguments
@@ -262,9 +265,8 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
             (qname, qargs), (aname, aargs) = module.calls[:2]
             assert module.calls[2:] == module.calls[:2]
             assert qname == f"quantize_{op}"
-            assert qargs == ("q", "k", "v", *FakePlan.args, *views)
-            tables, scale, tail = expected_tail[b.name]
-            assert aargs == ("out", *views[1:], *tables, scale, *tail), b.name
+            assert qargs == ("q", "k", "v", *FakePlan.args, *operands)
+            assert aargs == ("out", *operands[1:], *tables, *counter, scale, *tail), b.name
 
 
 def test_wgmma_fp16_nvfp4_launcher_runs_prepass_expansion_and_kernel() -> None:
@@ -275,15 +277,15 @@ def test_wgmma_fp16_nvfp4_launcher_runs_prepass_expansion_and_kernel() -> None:
     b = backends.get("nvfp4", "wgmma_fp16_nvfp4")
     assert b.workspace == "nvfp4_fp16" and b.module == "nvfp4_wgmma" and b.capturable
     names = ("kbar", "qbar", "q_codes", "q_scales", "k_codes", "k_scales", "v_codes", "v_scales",
-             "q_f16", "k_f16", "v_f16")
+             "q_f16", "k_f16", "v_f16", "item_counter")
     module = Recorder()
     launch = b.make_launcher(module, b)
     launch("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
     tables = FakePlan.args
     assert module.calls == [
         ("quantize_nvfp4", ("q", "k", "v", *tables, *names[:8])),
-        ("expand_nvfp4_fp16", (*names[2:8], "seg_bounds", "vkey_start", *names[8:], 192)),
-        ("attention_nvfp4_wgmma", ("out", "qbar", *names[8:], *tables, 0.5, 192)),
+        ("expand_nvfp4_fp16", (*names[2:8], "seg_bounds", "vkey_start", *names[8:11], 192)),
+        ("attention_nvfp4_wgmma", ("out", "qbar", *names[8:11], *tables, "item_counter", 0.5, 192)),
     ]
     module.calls.clear()
     launch.attention_only("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)

@@ -705,8 +705,17 @@ def test_workspace_bytes_per_backend() -> None:
     assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="wgmma_fp16_nvfp4") == hopper
     assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="mma_sync_fp4") == base
     assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="reference") == 0
+    # The Hopper FP8 kernel's layout: the FP8 regions and its item counter.
+    from flashinfer_h3.layout import fp8_layout, fp8_sm90_layout
+
     assert flashinfer_h3.workspace_bytes_fp8(T, H, S, backend="wgmma_fp8") == \
-        flashinfer_h3.workspace_bytes_fp8(T, H, S, backend="mma_sync_fp8")
+        fp8_sm90_layout(T, H, S).total_bytes
+    assert flashinfer_h3.workspace_bytes_fp8(T, H, S, backend="mma_sync_fp8") == \
+        fp8_layout(T, H, S).total_bytes
+    hopper8 = fp8_sm90_layout(T, H, S)
+    assert [r.name for r in hopper8.regions][:-1] == [r.name for r in fp8_layout(T, H, S).regions]
+    assert hopper8["item_counter"].shape == (1,) and hopper8["item_counter"].dtype == torch.int32
+    assert nvfp4_fp16_layout(T, H, S)["item_counter"].shape == (1,)
     if not torch.cuda.is_available():  # no GPU: the operator's own layout
         assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S) == base
         assert flashinfer_h3.workspace_bytes_nvfp4(T, H, S, backend="auto") == base

@@ -1,7 +1,8 @@
 // The Hopper FP8 attention kernel (docs/spec.md section 4): warp-specialised, E4M3 wgmma for both
 // products, FP32 softmax, BF16 output.
 //
-// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh, one CTA per SM:
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order), one
+// CTA per SM:
 //   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
 //              completing on mbarriers; gives most of its registers away (setmaxnreg)
 //   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile
@@ -56,6 +57,7 @@ struct Fp8Params {
   const float* k_scales;  // [H, k_scale_stride] (canonical 128-key blocks)
   const float* v_scales;  // [S, H, 128]
   __nv_bfloat16* out;     // [T, H, 128]
+  int* item_counter;      // the dynamic item order's counter, zero at launch (tile_scheduler.cuh)
   int tokens;
   int k_scale_stride;
   float c;  // fp32(softmax_scale) * fp32(log2 e)
@@ -64,18 +66,33 @@ struct Fp8Params {
 // ---- producer ----------------------------------------------------------------------------------
 
 // kWaitSleepNs: the suspend-time hint of the producer's waits for free slots (0: plain polling;
-// ptx::mbarrier_wait_suspend).
-template <uint32_t kWaitSleepNs, class Smem>
+// ptx::mbarrier_wait_suspend). kDynamic: the dynamic item order (tile_scheduler.cuh): the
+// producer draws each next item and publishes it in sm.item with the q_full arrival.
+template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
   uint32_t items = 0;
-  for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
-    const WorkItem it = work_item(p.plan, w);
+  int w = blockIdx.x;
+  for (;; ++items) {
+    if constexpr (!kDynamic) {
+      if (w >= num_items(p.plan)) break;
+    }
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+    if constexpr (kDynamic) {
+      sm.item.publish(w);
+      if (w >= num_items(p.plan)) {
+        ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
+        break;
+      }
+    }
+    const WorkItem it = work_item(p.plan, w);
     ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
     ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    // Not unrolled: the thread waits on the ring, and four unrolled copies (ptxas's choice) need more
+    // than its 24 registers.
+#pragma unroll 1
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kStages>();
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
@@ -85,6 +102,10 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
       ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
       ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
     }
+    // The next item: drawn after the last tile's copies are issued, while the consumers still
+    // have about a ring's depth of tiles of this item to go (the atomic's latency hides there,
+    // and no value is held across the tile loop: the producer has 24 registers).
+    w = kDynamic ? draw_item(sm.item) : w + static_cast<int>(gridDim.x);
   }
 }
 
@@ -221,7 +242,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 16, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
-          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs>
+          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = true>
 struct Fp8Options {
   static constexpr int kPolyExp2Every = PolyExp2Every;  // every n-th exponential on the FMA pipe (0: none)
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
@@ -229,6 +250,7 @@ struct Fp8Options {
   static constexpr bool kSoftmax = SoftmaxOn;           // false: S packed as P (not attention)
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
   static constexpr uint32_t kWaitSleepNs = WaitSleepNs; // the producer's suspend-time hint (produce)
+  static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (false: static striding)
 };
 
 template <class Opt, int consumer, class Smem>
@@ -254,10 +276,20 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 
   RingSlot slot;
   uint32_t items = 0;
-  // w / num_qblocks < heads is w < num_items (w >= 0, num_qblocks >= 1) without the product
-  // num_items held in a register across the items; the quotient is work_item's head.
-  for (int w = blockIdx.x; w / p.plan.num_qblocks < p.plan.heads; w += gridDim.x, ++items) {
-    const WorkItem it = work_item(p.plan, w);
+  for (int w = blockIdx.x;; ++items) {
+    WorkItem it;
+    if constexpr (Opt::kDynamic) {
+      // The producer's item, published by the q_full arrival (tile_scheduler.cuh).
+      ptx::mbarrier_wait(&sm.q_full, items & 1u);
+      w = sm.item.read();
+      if (w >= num_items(p.plan)) break;
+      it = work_item(p.plan, w);
+    } else {
+      // w / num_qblocks < heads is w < num_items (w >= 0, num_qblocks >= 1) without the product
+      // num_items held in a register across the items; the quotient is work_item's head.
+      if (w / p.plan.num_qblocks >= p.plan.heads) break;
+      it = work_item(p.plan, w);
+    }
     const int row0 = it.row_begin + row_in_block;
     const float* qs = p.q_scales + head_offset(it.head, p.tokens);
     st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
@@ -265,7 +297,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    if constexpr (!Opt::kDynamic) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
@@ -297,9 +329,11 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
       ptx::wgmma_wait<0>();
       finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
     }
-    // The item's head, segment and row range again (L1-resident table reads): keeping them live
-    // across the tile loop costs registers the loop needs.
+    // The item's head, segment and row range again (L1-resident table reads; the dynamic
+    // order's slot may hold the next item by now): keeping them live across the tile loop costs
+    // registers the loop needs.
     store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
+    if constexpr (!Opt::kDynamic) w += gridDim.x;
   }
   turn.finish();
 }
@@ -316,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
     init_barriers(sm);
+    sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
     ptx::prefetch_tensormap(&tm_v);
@@ -323,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs>(sm, &tm_q, &tm_k, &tm_v, p);
+    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs, Opt::kDynamic>(sm, &tm_q, &tm_k, &tm_v, p);
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates

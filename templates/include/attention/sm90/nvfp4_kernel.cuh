@@ -2,8 +2,8 @@
 // wgmma, whose products of exactly dequantised E2M1 x UE4M3 operands are the recipe's own
 // (SPEC 3, last paragraph). Backend wgmma_fp16_nvfp4.
 //
-// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (one CTA per SM), the
-// pipeline and ping-pong of the FP8 kernel (fp8_kernel.cuh):
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order; one
+// CTA per SM), the pipeline and ping-pong of the FP8 kernel (fp8_kernel.cuh):
 //   producer  (warpgroup 0)   warp 0, one thread: TMA loads of the Q block and the ring of K
 //                             and V^T tiles (FP16, written by the pre-pass, quantize/expand_fp16.cuh);
 //                             warps 1-3: the delta term of every K tile (nvfp4_delta.cuh, mma.sync);
@@ -60,7 +60,10 @@ enum Nvfp4Variant : int {
   kSoftmax = 4,      // the softmax (off: S packed to FP16 as P, no exponentials)
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
-  kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder,
+  kFoldPScale = 32,     // 1 / s of the P groups folded into the exponentials (off: Ptil * r; nvfp4_softmax.cuh)
+  kDynamicOrder = 64,   // the dynamic item order (off: static striding; tile_scheduler.cuh)
+  kNvfp4Production =
+      kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale | kDynamicOrder,
 };
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
@@ -70,6 +73,7 @@ struct Nvfp4Params {
   PlanTables plan;
   const float* qbar;  // [q_blocks_cap, H, 128], canonical block order
   __nv_bfloat16* out;  // [T, H, 128]
+  int* item_counter;   // the dynamic item order's counter, zero at launch (tile_scheduler.cuh)
   float c;             // fp32(softmax_scale) * fp32(log2 e)
 };
 
@@ -77,18 +81,32 @@ struct Nvfp4Params {
 
 // kWaitSleepNs (here and in produce_delta): the suspend-time hint of the producer warpgroup's
 // waits (0: plain polling; ptx::mbarrier_wait_suspend).
-template <uint32_t kWaitSleepNs, class Smem>
+template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
   uint32_t items = 0;
-  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
-    const WorkItem it = work_item(p.plan, w);
+  int w = blockIdx.x;
+  for (;; ++items) {
+    if constexpr (!kDynamic) {
+      if (!has_item(p.plan, w)) break;
+    }
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+    if constexpr (kDynamic) {
+      sm.item.publish(w);
+      if (!has_item(p.plan, w)) {
+        ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
+        break;
+      }
+    }
+    const WorkItem it = work_item(p.plan, w);
     ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
     ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
     ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    // Not unrolled: the thread waits on the ring, and four unrolled copies (ptxas's choice) need more
+    // than its 24 registers.
+#pragma unroll 1
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
       const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
@@ -101,17 +119,33 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
       ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
     }
+    // The next item: drawn after the last tile's copies are issued, while the consumers still
+    // have about a ring's depth of tiles of this item to go (the atomic's latency hides there,
+    // and no value is held across the tile loop: the producer has 24 registers).
+    w = kDynamic ? draw_item(sm.item) : w + static_cast<int>(gridDim.x);
   }
 }
 
 // A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
 // m16 blocks of delta into sm.delta[stage].
+// In the dynamic order they take each item from the producer's slot after its q_full arrival.
 template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
+  constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
   RingSlot slot;
   uint32_t* parts = sm.qbar_parts[delta_warp];
-  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x) {
-    const WorkItem it = work_item(p.plan, w);
+  for (int w = blockIdx.x, items = 0;; ++items) {
+    WorkItem it;
+    if constexpr (kDynamic) {
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_full, static_cast<uint32_t>(items) & 1u);
+      w = sm.item.read();
+      if (!has_item(p.plan, w)) break;
+      it = work_item(p.plan, w);
+    } else {
+      if (!has_item(p.plan, w)) break;
+      it = work_item(p.plan, w);
+      w += gridDim.x;
+    }
     // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
     const QbarOperand qb = load_qbar_operand(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, parts, lane);
@@ -228,7 +262,8 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
-    nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0>(s, pa, st, c, sm.recip);
+    nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0, (kVariant & kFoldPScale) != 0>(
+        s, pa, st, c, sm.recip, sm.p_fold);
   } else {
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -277,13 +312,23 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
   RingSlot slot;
   uint32_t items = 0;
-  for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
-    const WorkItem it = work_item(p.plan, w);
+  for (int w = blockIdx.x;; ++items) {
+    WorkItem it;
+    if constexpr ((kVariant & kDynamicOrder) != 0) {
+      // The producer's item, published by the q_full arrival (tile_scheduler.cuh).
+      ptx::mbarrier_wait(&sm.q_full, items & 1u);
+      w = sm.item.read();
+      if (!has_item(p.plan, w)) break;
+      it = work_item(p.plan, w);
+    } else {
+      if (!has_item(p.plan, w)) break;
+      it = work_item(p.plan, w);
+    }
     st.reset();
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    if constexpr ((kVariant & kDynamicOrder) == 0) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
@@ -309,9 +354,11 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     ptx::fence_operands(o);
     ptx::fence_operands(pa);
     if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
-    // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
+    // The item's rows again (L1-resident table reads; the dynamic order's slot may hold the next
+    // item by now) instead of keeping them live across the loop.
     const WorkItem again = work_item(p.plan, w);
     store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
+    if constexpr ((kVariant & kDynamicOrder) == 0) w += gridDim.x;
   }
   turn.finish();
 }
@@ -331,20 +378,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
     init_barriers(sm);
+    sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
     ptx::prefetch_tensormap(&tm_v);
   }
-  if (threadIdx.x < kScaleCodes) {
-    // The P scales' reciprocals: r = 1 / s correctly rounded (SPEC 3), 0 for s = 0.
-    const uint32_t b = threadIdx.x;
-    sm.recip[b] = b == 0 || b == 0x7F ? 0.0f : __frcp_rn(e4m3_to_float(static_cast<uint8_t>(b)));
-  }
+  if (threadIdx.x < kScaleCodes) fill_p_scale_tables(threadIdx.x, sm.recip, sm.p_fold);
   __syncthreads();
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs>(sm, &tm_q, &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }

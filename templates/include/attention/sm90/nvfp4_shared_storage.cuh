@@ -1,5 +1,5 @@
 // Shared memory of the Hopper NVFP4 kernel (nvfp4_kernel.cuh): the FP16 tile ring, the delta
-// term of each K tile, and the reciprocal table of the P scales. The rings' pipeline (RingSlot,
+// term of each K tile, and the two tables of the P scales (reciprocals; log2 and value). The rings' pipeline (RingSlot,
 // the named barriers of the ping-pong) is the FP8 kernel's (shared_storage.cuh); the K ring (and
 // the delta buffers, one per K tile) and the V ring have depths of their own, since 227 KB hold
 // the Q block and five FP16 tiles, not six.
@@ -22,6 +22,13 @@ constexpr uint32_t kFp16TileBytes = 2 * kFp16AtomBytes;  // one 128 x 128 f16 ti
 constexpr int kDeltaWarps = 3;  // warps 1-3 of the producer warpgroup (nvfp4_delta.cuh)
 constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7F
 
+// An entry of the P scales' fold table (nvfp4_softmax.cuh, kFoldPScale), per UE4M3 code: log2 s
+// and the row-sum weight s of a group with scale s; (0, 1) for s = 0 and the NaN code.
+struct PScaleFold {
+  float log2s;
+  float weight;
+};
+
 // Default ring depths. A third K (or V) stage measured slower (benchmarks/RESULTS.md), although
 // with two of each the consumers wait for a V tile, a K tile or its delta in about 9 % of their
 // samples.
@@ -37,11 +44,13 @@ struct alignas(1024) Nvfp4SharedStorage {
   uint8_t v[kVDepth][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
   float delta[kKDepth][kTileKeys];        // delta (or -inf) of the K tile's positions
   float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
+  PScaleFold p_fold[kScaleCodes];         // the fold table (PScaleFold)
   uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
   uint64_t q_full, q_empty;
   uint64_t k_full[kKDepth], k_empty[kKDepth];
   uint64_t v_full[kVDepth], v_empty[kVDepth];
   uint64_t delta_full[kKDepth], delta_empty[kKDepth];
+  ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
 };
 
 // Dynamic shared memory to request (+ slack to align the start to 1024 bytes).

@@ -11,6 +11,13 @@
 //   s = rn_e4m3(max / 6), r = 1 / s (a table), P = s * rn_e2m1(Ptil * r)
 // written as f16x2 straight into the A registers of the PV wgmma: register 2i + r holds the
 // accumulator pair (4i + 2r, 4i + 2r + 1), the A layout of k16 step i / 2 (ptx/wgmma.cuh).
+//
+// Production folds r into the exponent (kFoldPScale): the group scales come first (from the
+// group maxima, below), so each group's exponential yields y = Ptil / s = 2^(S c - (bias +
+// log2 s)) directly and the 64 FMULs Ptil * r of a tile are gone; the row sum is then
+// sum over groups of s * sum y (for s = 0 the group's offset is 0 and its weight 1: y is Ptil,
+// and P = s * code = 0). y equals the correctly rounded Ptil * r to within the exponential's own
+// approximation (ex2.approx, ~2 ulp); rn_e2m1 of it is the same exact rounding as before.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -18,10 +25,12 @@
 #include <stdint.h>
 
 #include "../../numerics/e2m1_round.cuh"
+#include "../../numerics/formats.cuh"  // e4m3_to_float
 #include "../../numerics/group_quantize.cuh"
 #include "../../ptx/cvt.cuh"
 #include "../../ptx/math.cuh"
 #include "fp8_softmax.cuh"  // quad_max, quad_sum
+#include "nvfp4_shared_storage.cuh"  // PScaleFold
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -42,17 +51,39 @@ struct Nvfp4RowState {
 
 // The scale of one 16-key group of P: s = rn_e4m3(fl(max / 6)) (SPEC 3 "quantize a group"), its
 // correctly rounded reciprocal (0 for s = 0: every P of the group is then 0) from the table, and
-// s as f16x2 for the dequantisation.
+// s as f16x2 for the dequantisation. With kFold, instead of the reciprocal: the group's exponent
+// offset bias + log2 s and its row-sum weight (both from the fold table, see the header).
 struct PGroupScale {
-  float recip;
+  float recip;     // 1 / s (not kFold)
+  float bias;      // kFold: y = 2^(S c - bias) = Ptil / s
+  float weight;    // kFold: Ptil = weight * y (s; 1 for s = 0)
   uint32_t s2;     // f16x2 bits of (s, s)
   bool saturates;  // some Ptil r of the group may reach 7 (then rn_e2m1 needs its saturation)
 };
 
-__device__ __forceinline__ PGroupScale p_group_scale(float pmax, const float* recip_table) {
+// Entry `code` (a UE4M3 byte) of the P scales' two tables: the reciprocal r = 1 / s correctly
+// rounded (SPEC 3), 0 for s = 0; and the fold table's (log2 s rounded once from double, exact
+// for powers of two; s), (0, 1) for s = 0 and the NaN code.
+__device__ __forceinline__ void fill_p_scale_tables(uint32_t code, float* recip_table, PScaleFold* fold_table) {
+  const bool no_scale = code == 0 || code == 0x7F;
+  const float value = e4m3_to_float(static_cast<uint8_t>(code));
+  recip_table[code] = no_scale ? 0.0f : __frcp_rn(value);
+  fold_table[code] =
+      no_scale ? PScaleFold{0.0f, 1.0f} : PScaleFold{static_cast<float>(log2(static_cast<double>(value))), value};
+}
+
+template <bool kFold>
+__device__ __forceinline__ PGroupScale p_group_scale(float pmax, float row_bias, const float* recip_table,
+                                                     const PScaleFold* fold_table) {
   const uint32_t code = quantize::e4m3x2_word(quantize::div6_rn(pmax), 0.0f) & 0xFFu;
   PGroupScale g;
-  g.recip = recip_table[code];
+  if constexpr (kFold) {
+    const PScaleFold f = fold_table[code];
+    g.bias = row_bias + f.log2s;
+    g.weight = f.weight;
+  } else {
+    g.recip = recip_table[code];
+  }
   g.s2 = ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(code * 0x0101u));
   // A normal s is within 1/16 of max / 6, so max r < 6.4; a subnormal one (codes 1..7) is not,
   // nor a saturated 448 if max exceeds 2688 by more than that (huge scores: the exponent's
@@ -62,10 +93,10 @@ __device__ __forceinline__ PGroupScale p_group_scale(float pmax, const float* re
   return g;
 }
 
-// One 16-key group of one row: the 16 Ptil values at accumulator indices 4i + 2r + e of the
-// window's i = 8w .. 8w + 7 -> 8 f16x2 A registers 2i + r. kQuantizeP = false (benchmark builds
-// only) packs Ptil itself, to measure what the quantisation costs.
-template <bool kQuantizeP, bool kSaturate>
+// One 16-key group of one row: the 16 Ptil values (kFold: y = Ptil / s) at accumulator indices
+// 4i + 2r + e of the window's i = 8w .. 8w + 7 -> 8 f16x2 A registers 2i + r. kQuantizeP = false
+// (benchmark builds only) packs Ptil itself, to measure what the quantisation costs.
+template <bool kQuantizeP, bool kSaturate, bool kFold>
 __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t (&pa)[32], int w, int r,
                                                  const PGroupScale& g) {
   const __half2 s2 = *reinterpret_cast<const __half2*>(&g.s2);
@@ -73,7 +104,8 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t 
   for (int i = 8 * w; i < 8 * w + 8; ++i) {
     __half2 h;
     if constexpr (kQuantizeP) {
-      const float y0 = __fmul_rn(p[4 * i + 2 * r], g.recip), y1 = __fmul_rn(p[4 * i + 2 * r + 1], g.recip);
+      const float y0 = kFold ? p[4 * i + 2 * r] : __fmul_rn(p[4 * i + 2 * r], g.recip);
+      const float y1 = kFold ? p[4 * i + 2 * r + 1] : __fmul_rn(p[4 * i + 2 * r + 1], g.recip);
       // rn_e2m1 values are exact in FP16, and so is their product with s (<= 6 significant bits).
       const float v0 = kSaturate ? e2m1_round_nonneg(y0) : e2m1_round_below7(y0);
       const float v1 = kSaturate ? e2m1_round_nonneg(y1) : e2m1_round_below7(y1);
@@ -96,16 +128,17 @@ __device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
 }
 
 // One tile: s = the scores (delta and mask included) in, P (f16x2 A registers) out; updates
-// `st` (st.alpha is now this tile's rescale of O). c = softmax_scale * log2(e).
+// `st` (st.alpha is now this tile's rescale of O). c = softmax_scale * log2(e). kFold: the
+// group scales folded into the exponents (header); without the quantisation there is no scale.
 //
 // The group maxima come first, from the scores: Ptil is a non-decreasing function of S (one
 // FFMA and ex2), so the group's largest Ptil is that of its largest score, and the row maximum
-// is the maximum of the row's group maxima. That is one max pass instead of two, and the scales
-// (a division, a conversion and a table load in a chain) are under way while the 64
-// exponentials run.
-template <bool kQuantizeP, bool kFastRounding>
+// is the maximum of the row's group maxima. That is one max pass instead of two, and (without
+// kFold) the scales are under way while the 64 exponentials run.
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn>
 __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa)[32], Nvfp4RowState& st, float c,
-                                                   const float* recip_table) {
+                                                   const float* recip_table, const PScaleFold* fold_table) {
+  constexpr bool kFold = kFoldIn && kQuantizeP;
   float gmax[2][2];  // [window][row]
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -128,32 +161,47 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa
   for (int w = 0; w < 2; ++w) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      scale[w][r] = p_group_scale(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), recip_table);
+      scale[w][r] = p_group_scale<kFold>(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), bias[r], recip_table,
+                                         fold_table);
       saturates |= scale[w][r].saturates;
     }
   }
-  float lsum[2][2] = {};
+  if constexpr (kFold) {
+    float ysum[2][2] = {};  // [window][row]
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int r = (i >> 1) & 1;
-    s[i] = ptx::ex2_approx(fmaf(s[i], c, -bias[r]));  // -inf (masked) -> 0
-    lsum[r][i & 1] += s[i];
+    for (int i = 0; i < 64; ++i) {
+      const int w = i >> 5, r = (i >> 1) & 1;
+      s[i] = ptx::ex2_approx(fmaf(s[i], c, -scale[w][r].bias));  // y = Ptil / s; -inf (masked) -> 0
+      ysum[w][r] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.l[r] = fmaf(st.l[r], st.alpha[r], fmaf(scale[0][r].weight, ysum[0][r], scale[1][r].weight * ysum[1][r]));
+    }
+  } else {
+    float lsum[2][2] = {};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int r = (i >> 1) & 1;
+      s[i] = ptx::ex2_approx(fmaf(s[i], c, -bias[r]));  // -inf (masked) -> 0
+      lsum[r][i & 1] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
   // The saturating rounding only when some group of the warp needs it (subnormal scales: groups
   // far below the row max); warp-uniform, so no divergence. kFastRounding = false: always.
   if (!kFastRounding || __any_sync(0xffffffffu, saturates)) {
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true, kFold>(s, pa, w, r, scale[w][r]);
     }
   } else {
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false, kFold>(s, pa, w, r, scale[w][r]);
     }
   }
 }

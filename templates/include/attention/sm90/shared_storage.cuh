@@ -7,6 +7,7 @@
 
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/warpgroup.cuh"
+#include "tile_scheduler.cuh"
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -35,6 +36,7 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full, q_empty;
   uint64_t k_full[kDepth], k_empty[kDepth];
   uint64_t v_full[kDepth], v_empty[kDepth];
+  ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
 };
 
 // Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.

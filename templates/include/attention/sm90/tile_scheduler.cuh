@@ -1,14 +1,30 @@
-// Work items of the Hopper attention kernels and their persistent static schedule.
+// Work items of the Hopper attention kernels and the persistent CTAs' item order.
 //
 // An item is one (128-row query block, head). The plan's `qblocks` table lists the blocks of all
 // segments longest segment first (flashinfer_h3/plan.py), and item w is block w % NQB of head
 // w / NQB: the CTAs running at the same time work on one or two heads, so the K and V tiles they
 // stream are shared through L2 (all 56 heads interleaved would stream every head's K/V from DRAM).
-// CTAs take items w = blockIdx.x, blockIdx.x + gridDim.x, ...; empty segments own no block, so they
-// cost nothing.
+// Empty segments own no block, so they cost nothing.
+//
+// Which CTA takes which item:
+// - static (benchmark builds): CTA b takes w = b, b + G, b + 2G, ... (G = gridDim.x);
+// - dynamic (production): CTA b takes w = b first, then G + the next value of a global counter
+//   (the workspace's item_counter; the binding zeroes it before each launch), drawn by the
+//   producer thread once it has issued the copies of its current item's last tile. A CTA that finishes early takes the next item
+//   in the same order, so the CTAs stay on a window of consecutive items. With packed segments
+//   of different lengths the static striding lets the CTAs drift apart over many heads (one CTA
+//   still in a 240-tile item of head h while others run ahead through short items of later
+//   heads): more K/V in flight than L2 holds, and an uneven last wave. On h3-mix the static NVFP4
+//   kernel ran 3.1 % longer than its six segment lengths alone predict (FP8: 0.3 %; its K and V
+//   are a quarter of the bytes); see benchmarks/RESULTS.md.
+//   The producer hands each item index to the consumers (and the NVFP4 delta warps) through
+//   shared memory (ItemSlot), published by the q_full arrival that starts the item; an index
+//   past the end (the terminator) arrives without a Q copy and ends the CTA's loops.
 #pragma once
 
 #include <stdint.h>
+
+#include "../../ptx/smem_addr.cuh"
 
 namespace flashinfer_h3 {
 namespace sm90 {
@@ -56,6 +72,27 @@ __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
   it.kblock0 = __ldg(t.qblock_start + it.segment);
   it.canonical = __ldg(b + 3);
   return it;
+}
+
+// The dynamic order's shared-memory hand-off: the producer writes the index of the item it
+// starts before the q_full arrival that publishes it; the readers read it right after their
+// q_full wait and before releasing that Q block (the producer writes the next one only after
+// q_empty), then decode it with work_item like the static order (the decoded entries from shared
+// memory instead made the FP8 consumers hold them in registers and spill).
+struct ItemSlot {
+  int w;         // the item index (>= num_items: the terminator)
+  int* counter;  // the global counter (Params::item_counter), stored once at the kernel's start
+
+  // Through the slot's shared-memory address (ptx::st_shared_b32): the producer's generic
+  // pointer to it, held in its 24 registers across the tile loop, pushed it into spills.
+  __device__ __forceinline__ void publish(int item) { ptx::st_shared_b32(ptx::smem_addr(&w), static_cast<uint32_t>(item)); }
+  __device__ __forceinline__ int read() const { return static_cast<int>(ptx::ld_shared_b32(ptx::smem_addr(&w))); }
+};
+
+// The dynamic order's next item of this CTA: G + the counter's next value (one atomic of the
+// producer thread; relaxed: only the values' uniqueness matters; the counter is zero at launch).
+__device__ __forceinline__ int draw_item(const ItemSlot& slot) {
+  return static_cast<int>(gridDim.x) + atomicAdd(slot.counter, 1);
 }
 
 }  // namespace sm90
