@@ -12,8 +12,9 @@ ring depths). FP8 builds: ``poly_exp2_every`` (every n-th exponential on the FMA
 production 16, 0 = none), ``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P),
 ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
-(the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule=False`` (the
-CTAs stride statically over the items instead of drawing them from a counter), ``smem_carveout``
+(the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
+the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
+other way round), ``smem_carveout``
 (the preferred shared-memory carveout).
 benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
 accumulators over several tiles, a row-split softmax, waits and releases, a second Q block).
@@ -66,7 +67,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (fused phases, 1 in 16 exp2 on FMA)": {},
-        "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
+        "dynamic item order (the NVFP4 kernel's: a counter)": {"dynamic_schedule": True},
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "1 in 8 exp2 on FMA": {"poly_exp2_every": 8},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},

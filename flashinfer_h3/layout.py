@@ -58,9 +58,10 @@ v_f16       f16    [H, 128, vkeys_cap]          V^T columns at the same position
 item_counter i32   [1]                          the Hopper kernel's dynamic item order (below)
 ==========  =====  ===========================  ==============================================
 
-``item_counter``: the Hopper kernels' (``wgmma_fp8``, ``wgmma_fp16_nvfp4``) persistent CTAs draw
-their next (block, head) item from it (``attention/sm90/tile_scheduler.cuh``); their binding zeroes
-it before each launch. The other backends leave it alone.
+``item_counter``: the Hopper kernels' dynamic item order (``wgmma_fp16_nvfp4``; for ``wgmma_fp8``
+a benchmark build) draws the persistent CTAs' next (block, head) items from it
+(``attention/sm90/tile_scheduler.cuh``); the binding zeroes it before each such launch. Nothing
+else reads or writes it.
 
 Window order: within each 64-key window from the segment start, position ``8i + 2t + e`` holds
 key ``16t + 2i + e`` (:func:`window_key_at`), so that a wgmma accumulator thread holds whole

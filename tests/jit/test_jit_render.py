@@ -211,15 +211,15 @@ def test_flags_order_does_not_matter() -> None:
             {},
             ["/*poly_exp2_every=*/16,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
-             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/true>"],
+             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false>"],
         ),
         (
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
-             "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": False},
+             "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
-             "/*dynamic_schedule=*/false>"],
+             "/*dynamic_schedule=*/true>"],
         ),
         (
             "nvfp4_wgmma",

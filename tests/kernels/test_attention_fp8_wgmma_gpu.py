@@ -51,8 +51,8 @@ def module() -> Any:
 
 
 def test_item_counter_checks(module: Any) -> None:
-    """The binding names a wrong item counter (dtype, device, size): the kernel's dynamic item
-    order draws from it (a poisoned one works: the binding zeroes it before the launch)."""
+    """The binding names a wrong item counter (dtype, device, size): the dynamic item order's
+    builds draw from it (a poisoned one works: the binding zeroes it before such a launch)."""
     from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, run_kernel
 
     call, _ = _call(module, [40], 2, seed=3)
@@ -123,8 +123,8 @@ BENCHMARK_IDS = ["packed", "4097", "mixed-16384"]
 
 @pytest.mark.parametrize(
     "flags",
-    [{"stages": 3}, {"ping_pong": False}, {"wait_sleep_ns": 0}, {"dynamic_schedule": False}],
-    ids=["ring-3", "no-ping-pong", "polling-waits", "static-order"],
+    [{"stages": 3}, {"ping_pong": False}, {"wait_sleep_ns": 0}, {"dynamic_schedule": True}],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "dynamic-order"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
@@ -132,7 +132,7 @@ def test_benchmark_builds_match_production(
 ) -> None:
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
-    polling, the static item order) give the production build's output bit for bit. On segments
+    polling, the dynamic item order) give the production build's output bit for bit. On segments
     of 1, 17, 162, ... tokens (single and partial tiles), on one of 4,097 (33 tiles: both ring
     parities, a masked last tile), and on four of 300 to 9,000 tokens (393 items: several drawn
     per CTA)."""

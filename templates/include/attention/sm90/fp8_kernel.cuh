@@ -1,8 +1,8 @@
 // The Hopper FP8 attention kernel (docs/spec.md section 4): warp-specialised, E4M3 wgmma for both
 // products, FP32 softmax, BF16 output.
 //
-// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order), one
-// CTA per SM:
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (static striding; the
+// dynamic order measured 2-4 % slower here, benchmarks/RESULTS.md), one CTA per SM:
 //   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
 //              completing on mbarriers; gives most of its registers away (setmaxnreg)
 //   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile
@@ -65,47 +65,62 @@ struct Fp8Params {
 
 // ---- producer ----------------------------------------------------------------------------------
 
+// The copies of one item: its Q block, then its K and V^T tiles as ring slots free up.
 // kWaitSleepNs: the suspend-time hint of the producer's waits for free slots (0: plain polling;
-// ptx::mbarrier_wait_suspend). kDynamic: the dynamic item order (tile_scheduler.cuh): the
-// producer draws each next item and publishes it in sm.item with the q_full arrival.
+// ptx::mbarrier_wait_suspend). kRolled: the tile loop not unrolled (the dynamic order's producer,
+// whose four unrolled copies, ptxas's choice, need more than its 24 registers).
+template <uint32_t kWaitSleepNs, bool kRolled, class Smem>
+__device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
+  ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
+  ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
+  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  auto tile = [&](int t) {
+    const int st = slot.stage<Smem::kStages>();
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
+    ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
+    ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
+  };
+  if constexpr (kRolled) {
+#pragma unroll 1
+    for (int t = 0; t < tiles; ++t, ++slot.index) tile(t);
+  } else {
+    for (int t = 0; t < tiles; ++t, ++slot.index) tile(t);
+  }
+}
+
+// The producer thread. kDynamic: the dynamic item order (tile_scheduler.cuh): it draws each next
+// item and publishes it in sm.item with the q_full arrival, once every reader has read the last
+// one (sm.item.empty).
 template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
   uint32_t items = 0;
-  int w = blockIdx.x;
-  for (;; ++items) {
-    if constexpr (!kDynamic) {
-      if (w >= num_items(p.plan)) break;
+  if constexpr (!kDynamic) {
+    for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
+      const WorkItem it = work_item(p.plan, w);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+      produce_item<kWaitSleepNs, false>(sm, tm_q, tm_k, tm_v, it, slot);
     }
-    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-    if constexpr (kDynamic) {
+  } else {
+    for (int w = blockIdx.x;; ++items) {
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.item.empty, (items & 1u) ^ 1u);
       sm.item.publish(w);
       if (w >= num_items(p.plan)) {
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
+      produce_item<kWaitSleepNs, true>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      // The next item: drawn once this one's copies are issued, while the consumers still have
+      // about a ring's depth of its tiles to go (the atomic's latency hides there, and no value
+      // is held across the tile loop).
+      w = draw_item(sm.item);
     }
-    const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
-    ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
-    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    // Not unrolled: the thread waits on the ring, and four unrolled copies (ptxas's choice) need more
-    // than its 24 registers.
-#pragma unroll 1
-    for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int st = slot.stage<Smem::kStages>();
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
-      ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
-      ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
-    }
-    // The next item: drawn after the last tile's copies are issued, while the consumers still
-    // have about a ring's depth of tiles of this item to go (the atomic's latency hides there,
-    // and no value is held across the tile loop: the producer has 24 registers).
-    w = kDynamic ? draw_item(sm.item) : w + static_cast<int>(gridDim.x);
   }
 }
 
@@ -242,7 +257,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 16, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
-          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = true>
+          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false>
 struct Fp8Options {
   static constexpr int kPolyExp2Every = PolyExp2Every;  // every n-th exponential on the FMA pipe (0: none)
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
@@ -250,7 +265,7 @@ struct Fp8Options {
   static constexpr bool kSoftmax = SoftmaxOn;           // false: S packed as P (not attention)
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
   static constexpr uint32_t kWaitSleepNs = WaitSleepNs; // the producer's suspend-time hint (produce)
-  static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (false: static striding)
+  static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (production: static striding)
 };
 
 template <class Opt, int consumer, class Smem>
@@ -281,7 +296,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
     if constexpr (Opt::kDynamic) {
       // The producer's item, published by the q_full arrival (tile_scheduler.cuh).
       ptx::mbarrier_wait(&sm.q_full, items & 1u);
-      w = sm.item.read();
+      w = sm.item.read();  // and arrive on sm.item.empty
       if (w >= num_items(p.plan)) break;
       it = work_item(p.plan, w);
     } else {

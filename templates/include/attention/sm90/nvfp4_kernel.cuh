@@ -81,48 +81,53 @@ struct Nvfp4Params {
 
 // kWaitSleepNs (here and in produce_delta): the suspend-time hint of the producer warpgroup's
 // waits (0: plain polling; ptx::mbarrier_wait_suspend).
+// The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
+template <uint32_t kWaitSleepNs, class Smem>
+__device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
+  ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
+  ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
+  ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
+  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  for (int t = 0; t < tiles; ++t, ++slot.index) {
+    const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
+    const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
+    ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
+    ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
+    ptx::mbarrier_arrive_expect_tx(&sm.v_full[vs], kFp16TileBytes);
+    ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
+    ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
+  }
+}
+
+// The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
+// (tile_scheduler.cuh), as the FP8 kernel's producer.
 template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
   uint32_t items = 0;
-  int w = blockIdx.x;
-  for (;; ++items) {
-    if constexpr (!kDynamic) {
-      if (!has_item(p.plan, w)) break;
+  if constexpr (!kDynamic) {
+    for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
+      const WorkItem it = work_item(p.plan, w);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+      produce_item<kWaitSleepNs>(sm, tm_q, tm_k, tm_v, it, slot);
     }
-    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-    if constexpr (kDynamic) {
+  } else {
+    for (int w = blockIdx.x;; ++items) {
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.item.empty, (items & 1u) ^ 1u);
       sm.item.publish(w);
       if (!has_item(p.plan, w)) {
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
+      produce_item<kWaitSleepNs>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
-    const WorkItem it = work_item(p.plan, w);
-    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
-    ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
-    ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
-    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    // Not unrolled: the thread waits on the ring, and four unrolled copies (ptxas's choice) need more
-    // than its 24 registers.
-#pragma unroll 1
-    for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
-      const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
-      ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
-      ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&sm.v_full[vs], kFp16TileBytes);
-      ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
-      ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
-    }
-    // The next item: drawn after the last tile's copies are issued, while the consumers still
-    // have about a ring's depth of tiles of this item to go (the atomic's latency hides there,
-    // and no value is held across the tile loop: the producer has 24 registers).
-    w = kDynamic ? draw_item(sm.item) : w + static_cast<int>(gridDim.x);
   }
 }
 

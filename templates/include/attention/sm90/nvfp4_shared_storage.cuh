@@ -85,6 +85,7 @@ __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDept
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
   }
+  ptx::mbarrier_init(&s.item.empty, kConsumerThreads + kDeltaThreads);  // the item's readers
   ptx::fence_mbarrier_init();
 }
 

@@ -65,6 +65,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage<kDepth>& s) {
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
   }
+  ptx::mbarrier_init(&s.item.empty, kConsumers * kWarpgroupThreads);  // every consumer thread reads the item
   ptx::fence_mbarrier_init();
 }
 

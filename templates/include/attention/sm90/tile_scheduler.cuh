@@ -7,23 +7,27 @@
 // Empty segments own no block, so they cost nothing.
 //
 // Which CTA takes which item:
-// - static (benchmark builds): CTA b takes w = b, b + G, b + 2G, ... (G = gridDim.x);
-// - dynamic (production): CTA b takes w = b first, then G + the next value of a global counter
-//   (the workspace's item_counter; the binding zeroes it before each launch), drawn by the
-//   producer thread once it has issued the copies of its current item's last tile. A CTA that finishes early takes the next item
-//   in the same order, so the CTAs stay on a window of consecutive items. With packed segments
-//   of different lengths the static striding lets the CTAs drift apart over many heads (one CTA
-//   still in a 240-tile item of head h while others run ahead through short items of later
-//   heads): more K/V in flight than L2 holds, and an uneven last wave. On h3-mix the static NVFP4
-//   kernel ran 3.1 % longer than its six segment lengths alone predict (FP8: 0.3 %; its K and V
-//   are a quarter of the bytes); see benchmarks/RESULTS.md.
-//   The producer hands each item index to the consumers (and the NVFP4 delta warps) through
-//   shared memory (ItemSlot), published by the q_full arrival that starts the item; an index
-//   past the end (the terminator) arrives without a Q copy and ends the CTA's loops.
+// - static (the FP8 kernel's production order): CTA b takes w = b, b + G, b + 2G, ...
+//   (G = gridDim.x);
+// - dynamic (the NVFP4 kernel's): CTA b takes w = b first, then G + the next value of a global
+//   counter (the workspace's item_counter; the binding zeroes it before each launch), drawn by
+//   the producer thread once it has issued the copies of its current item's last tile. A CTA
+//   that finishes early takes the next item in the same order, so the CTAs stay on a window of
+//   consecutive items. With packed segments of different lengths the static striding lets the
+//   CTAs drift apart over many heads (one CTA still in a 240-tile item of head h while others
+//   run ahead through short items of later heads): more K/V in flight than L2 holds, and an
+//   uneven last wave. On h3-mix the static NVFP4 kernel ran 3.1 % longer than its six segment
+//   lengths alone predict, and the dynamic order takes 3.5 % off it (FP8: 0.3 % predicted, and
+//   the dynamic order measured 2-4 % slower on every preset, not understood yet); see
+//   benchmarks/RESULTS.md. The producer hands each item index to the readers (the consumers and
+//   the NVFP4 delta warps) through shared memory (ItemSlot), published by the q_full arrival
+//   that starts the item; an index past the end (the terminator) arrives without a Q copy and
+//   ends the CTA's loops.
 #pragma once
 
 #include <stdint.h>
 
+#include "../../ptx/mbarrier.cuh"
 #include "../../ptx/smem_addr.cuh"
 
 namespace flashinfer_h3 {
@@ -75,18 +79,25 @@ __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
 }
 
 // The dynamic order's shared-memory hand-off: the producer writes the index of the item it
-// starts before the q_full arrival that publishes it; the readers read it right after their
-// q_full wait and before releasing that Q block (the producer writes the next one only after
-// q_empty), then decode it with work_item like the static order (the decoded entries from shared
-// memory instead made the FP8 consumers hold them in registers and spill).
+// starts before the q_full arrival that publishes it; every reader thread reads it right after
+// its q_full wait and arrives on `empty`, which the producer waits for before it writes the next
+// one (a direct arrive -> wait per reader, which compute-sanitizer's racecheck follows: through
+// q_empty, which one thread per consumer warpgroup arrives on, it reported the other threads'
+// reads). The readers decode the index with work_item like the static order (the decoded entries
+// from shared memory instead made the FP8 consumers hold them in registers and spill).
 struct ItemSlot {
-  int w;         // the item index (>= num_items: the terminator)
-  int* counter;  // the global counter (Params::item_counter), stored once at the kernel's start
+  uint64_t empty;  // mbarrier; init_barriers: one arrival per reader thread
+  int w;           // the item index (>= num_items: the terminator)
+  int* counter;    // the global counter (Params::item_counter), stored once at the kernel's start
 
   // Through the slot's shared-memory address (ptx::st_shared_b32): the producer's generic
   // pointer to it, held in its 24 registers across the tile loop, pushed it into spills.
   __device__ __forceinline__ void publish(int item) { ptx::st_shared_b32(ptx::smem_addr(&w), static_cast<uint32_t>(item)); }
-  __device__ __forceinline__ int read() const { return static_cast<int>(ptx::ld_shared_b32(ptx::smem_addr(&w))); }
+  __device__ __forceinline__ int read() {
+    const int item = static_cast<int>(ptx::ld_shared_b32(ptx::smem_addr(&w)));
+    ptx::mbarrier_arrive(&empty);
+    return item;
+  }
 };
 
 // The dynamic order's next item of this CTA: G + the counter's next value (one atomic of the
