@@ -131,6 +131,20 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
   }
 }
 
+// The next item of a reader (a delta warp or a consumer thread), its `items`-th: in the dynamic
+// order the producer's (after its q_full arrival), else w as the static loop has it. False at
+// the end. kWaitSleepNs: the reader's suspend-time hint (0: polling).
+template <bool kDynamic, uint32_t kWaitSleepNs, class Smem>
+__device__ __forceinline__ bool take_item(Smem& sm, const PlanTables& plan, uint32_t items, int& w, WorkItem& it) {
+  if constexpr (kDynamic) {
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_full, items & 1u);
+    w = sm.item.read();
+  }
+  if (!has_item(plan, w)) return false;
+  it = work_item(plan, w);
+  return true;
+}
+
 // A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
 // m16 blocks of delta into sm.delta[stage].
 // In the dynamic order they take each item from the producer's slot after its q_full arrival.
@@ -141,16 +155,8 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
   uint32_t* parts = sm.qbar_parts[delta_warp];
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
-    if constexpr (kDynamic) {
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_full, static_cast<uint32_t>(items) & 1u);
-      w = sm.item.read();
-      if (!has_item(p.plan, w)) break;
-      it = work_item(p.plan, w);
-    } else {
-      if (!has_item(p.plan, w)) break;
-      it = work_item(p.plan, w);
-      w += gridDim.x;
-    }
+    if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
+    if constexpr (!kDynamic) w += gridDim.x;
     // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
     const QbarOperand qb = load_qbar_operand(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, parts, lane);
@@ -319,16 +325,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
   uint32_t items = 0;
   for (int w = blockIdx.x;; ++items) {
     WorkItem it;
-    if constexpr ((kVariant & kDynamicOrder) != 0) {
-      // The producer's item, published by the q_full arrival (tile_scheduler.cuh).
-      ptx::mbarrier_wait(&sm.q_full, items & 1u);
-      w = sm.item.read();
-      if (!has_item(p.plan, w)) break;
-      it = work_item(p.plan, w);
-    } else {
-      if (!has_item(p.plan, w)) break;
-      it = work_item(p.plan, w);
-    }
+    if (!take_item<(kVariant & kDynamicOrder) != 0, 0>(sm, p.plan, items, w, it)) break;
     st.reset();
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
