@@ -63,7 +63,7 @@ __device__ void fill_operands(Operands& op) {
     words[i] = h & 0xB7B7B7B7u;
   }
   for (int i = threadIdx.x; i < sm90::kTileKeys; i += blockDim.x) op.delta[i] = 0.01f * (i % 7);
-  for (int b = threadIdx.x; b < sm90::kScaleCodes; b += blockDim.x) sm90::fill_p_scale_tables(b, op.recip, op.p_fold);
+  for (int b = threadIdx.x; b < sm90::kScaleCodes; b += blockDim.x) sm90::fill_p_scale_table<true>(b, op.recip, op.p_fold);
 }
 
 // Softmax constants of a realistic range: the FP8 scores are dot products of codes below 1 in

@@ -12,7 +12,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// A 32-bit word of shared memory by its shared-state-space address (PTX ISA 9.7.9.8 "ld", 9.7.9.10
+// A 32-bit word of shared memory by its shared-state-space address (PTX ISA 9.7.9.8 "ld", 9.7.9.11
 // "st", .shared state space): one LDS / STS on a 32-bit address, where a plain access through a
 // generic pointer the compiler cannot place becomes a generic LD / ST on a 64-bit one. Volatile and
 // ordered with the surrounding memory operations (a "memory" clobber): the hand-offs that use them

@@ -385,7 +385,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::prefetch_tensormap(&tm_k);
     ptx::prefetch_tensormap(&tm_v);
   }
-  if (threadIdx.x < kScaleCodes) fill_p_scale_tables(threadIdx.x, sm.recip, sm.p_fold);
+  if (threadIdx.x < kScaleCodes) {
+    fill_p_scale_table<(kVariant & kFoldPScale) != 0 && (kVariant & kQuantizeP) != 0>(threadIdx.x, sm.recip, sm.p_fold);
+  }
   __syncthreads();
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();

@@ -43,8 +43,8 @@ struct alignas(1024) Nvfp4SharedStorage {
   uint8_t k[kKDepth][2][kFp16AtomBytes];  // K' tile: row = key position, atom a = channels 64a..
   uint8_t v[kVDepth][2][kFp16AtomBytes];  // V^T tile: row = channel, atom a = key positions 64a..
   float delta[kKDepth][kTileKeys];        // delta (or -inf) of the K tile's positions
-  float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0)
-  PScaleFold p_fold[kScaleCodes];         // the fold table (PScaleFold)
+  float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0); unfolded builds
+  PScaleFold p_fold[kScaleCodes];         // the fold table (PScaleFold); production
   uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
   uint64_t q_full, q_empty;
   uint64_t k_full[kKDepth], k_empty[kKDepth];

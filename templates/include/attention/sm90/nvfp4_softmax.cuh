@@ -61,15 +61,19 @@ struct PGroupScale {
   bool saturates;  // some Ptil r of the group may reach 7 (then rn_e2m1 needs its saturation)
 };
 
-// Entry `code` (a UE4M3 byte) of the P scales' two tables: the reciprocal r = 1 / s correctly
-// rounded (SPEC 3), 0 for s = 0; and the fold table's (log2 s rounded once from double, exact
-// for powers of two; s), (0, 1) for s = 0 and the NaN code.
-__device__ __forceinline__ void fill_p_scale_tables(uint32_t code, float* recip_table, PScaleFold* fold_table) {
+// Entry `code` (a UE4M3 byte) of the P scales' table that p_group_scale<kFold> reads: kFold, the
+// fold table's (log2 s rounded once from double, exact for powers of two; s), (0, 1) for s = 0
+// and the NaN code; else the reciprocal r = 1 / s correctly rounded (SPEC 3), 0 for s = 0.
+template <bool kFold>
+__device__ __forceinline__ void fill_p_scale_table(uint32_t code, float* recip_table, PScaleFold* fold_table) {
   const bool no_scale = code == 0 || code == 0x7F;
   const float value = e4m3_to_float(static_cast<uint8_t>(code));
-  recip_table[code] = no_scale ? 0.0f : __frcp_rn(value);
-  fold_table[code] =
-      no_scale ? PScaleFold{0.0f, 1.0f} : PScaleFold{static_cast<float>(log2(static_cast<double>(value))), value};
+  if constexpr (kFold) {
+    fold_table[code] =
+        no_scale ? PScaleFold{0.0f, 1.0f} : PScaleFold{static_cast<float>(log2(static_cast<double>(value))), value};
+  } else {
+    recip_table[code] = no_scale ? 0.0f : __frcp_rn(value);
+  }
 }
 
 template <bool kFold>
