@@ -9,7 +9,7 @@ without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their pro
 P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
 FMUL instead of 1 / s folded into the exponentials), ``k_stages`` / ``v_stages`` (the K and V
 ring depths). FP8 builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe;
-production 16, 0 = none), ``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P),
+production 32, 0 = none), ``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P),
 ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
@@ -66,12 +66,14 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
     },
     "fp8": {
-        "production (fused phases, 1 in 16 exp2 on FMA)": {},
+        "production (fused phases, 1 in 32 exp2 on FMA)": {},
         "dynamic item order (the NVFP4 kernel's: a counter)": {"dynamic_schedule": True},
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "1 in 8 exp2 on FMA": {"poly_exp2_every": 8},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
-        "1 in 32 exp2 on FMA": {"poly_exp2_every": 32},
+        "1 in 16 exp2 on FMA (production until 2026-12-02)": {"poly_exp2_every": 16},
+        "1 in 64 exp2 on FMA": {"poly_exp2_every": 64},
+        "3 in 64 exp2 on FMA (every 21st)": {"poly_exp2_every": 21},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},
         "benchmark build: no O = alpha O + Otmp": {"o_update": False},
         "producer's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
@@ -118,7 +120,7 @@ def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, An
 
 
 def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
-        only: str | None, extra: dict[str, Path]) -> None:
+        only: str | None, extra: list[tuple[str, Path]]) -> None:
     """Times every selected build of ``op`` on one input: ``rounds`` rounds, each timing every
     build once (``iters`` calls) in turn, so that a slow drift of the clock under the power cap
     falls on all builds alike; prints the median over the rounds."""
@@ -137,7 +139,8 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
     for name, flags in selected_variants(op, only):
         config = KernelConfig(module_name, arch="sm_90a", flags=flags)
         selected.append((name, Path(build_module(config))))
-    selected += [(f"module {path.name}", path) for label, path in extra.items() if label == op]
+    selected += [(f"module {path.parent.name}/{path.name}", path)
+                 for label, path in extra if label == op]
     for name, path in selected:
         module = load_so(path)
         prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
@@ -214,12 +217,12 @@ def main() -> None:
             shapes.append((text, tuple(lengths), int(heads_text)))
         except ValueError:
             ap.error(f"--shape: expected LENGTHS:HEADS such as 30720*4:56, got {text!r}")
-    extra: dict[str, Path] = {}
+    extra: list[tuple[str, Path]] = []  # (op, module): every --so, in order
     for text in args.so:
         op_name, _, path_text = text.partition("=")
         if op_name not in MODULES or not path_text or not Path(path_text).is_file():
             ap.error(f"--so: expected OP=PATH (OP nvfp4 or fp8, an existing file), got {text!r}")
-        extra[op_name] = Path(path_text)
+        extra.append((op_name, Path(path_text)))
     for name, lengths_, heads in shapes:
         for op in ops:
             run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra)

@@ -43,6 +43,17 @@ inline cudaError_t sm_count(int device, int* out) {
 // so every binding calls this right after each launch.
 inline cudaError_t last_launch_status() { return cudaGetLastError(); }
 
+// p, as a value the compiler knows nothing about. Where it can prove a buffer's alignment it
+// forms each address of an unrolled loop with an OR of the base and the offset, and an OR is not
+// folded into a load's immediate offset: every load then costs its own address arithmetic
+// (two instructions for a 64-bit generic pointer). An opaque base keeps the offsets additions,
+// which the loads take as immediates. (An empty asm: no instruction.)
+template <class T>
+__device__ __forceinline__ T* opaque_pointer(T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
+
 template <class F, int... Is>
 __device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, Is...>) {
   (f(std::integral_constant<int, Is>{}), ...);

@@ -209,7 +209,7 @@ def test_flags_order_does_not_matter() -> None:
         (
             "fp8_wgmma",
             {},
-            ["/*poly_exp2_every=*/16,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
+            ["/*poly_exp2_every=*/32,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false>"],
         ),

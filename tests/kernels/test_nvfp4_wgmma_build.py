@@ -8,7 +8,8 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
   (first/last phase and the loop; both consumers run one copy), and the delta warps' FP16
   ``HMMA.16816.F32``;
 - no local memory at all (no stack, no spills, no LDL/STL), the roles' register split,
-  384 threads, the shared memory within Hopper's 227 KB.
+  384 threads, the shared memory within Hopper's 227 KB;
+- the delta loads on immediate offsets, and no wgmma serialised.
 
 The P quantisation's rounding (numerics/e2m1_round.cuh) is compiled as host C++ and checked on
 every non-negative float bit pattern (2^31 of them: zero, subnormals, normals, inf, NaN) against
@@ -58,6 +59,18 @@ def test_no_local_memory(so: Path) -> None:
     bt.assert_no_local_memory(so, KERNEL)
     smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
+
+
+def test_delta_loads_take_offsets_and_wgmma_asynchronous(so: Path) -> None:
+    """The consumers load a K tile's delta as the initial scores with 16 8-byte loads from one
+    base and immediate offsets (common.cuh opaque_pointer; with the buffer's alignment known, the
+    compiler built every address with an OR and a move of its own), in the first GEMM phase and
+    in the loop; and ptxas keeps the wgmmas asynchronous, one ``WARPGROUP.ARRIVE`` per GEMM
+    issue (4: one code copy serves both consumers), where a register shortage serialises them
+    (warning C7511, an arrive per wgmma)."""
+    sass = bt.sass(so, KERNEL)
+    assert len(re.findall(r"\bLD\.E\.64 R\d+, desc\[UR\d+\]\[R\d+\.64\+0x", sass)) >= 2 * 15
+    assert sass.count("WARPGROUP.ARRIVE") == 4
 
 
 def test_module_is_hopper_only() -> None:

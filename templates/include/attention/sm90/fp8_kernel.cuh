@@ -256,10 +256,12 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
-template <int PolyExp2Every = 16, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
+template <int PolyExp2Every = 32, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false>
 struct Fp8Options {
-  static constexpr int kPolyExp2Every = PolyExp2Every;  // every n-th exponential on the FMA pipe (0: none)
+  // Every n-th exponential on the FMA pipe (0: none). 32 (two a thread's tile) measured best of
+  // 0, 16, 21, 32 and 64 once the tile loop lost its FADDs of zero (benchmarks/RESULTS.md).
+  static constexpr int kPolyExp2Every = PolyExp2Every;
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
   static constexpr int kStages = Stages;                // the depth of the K and V rings
   static constexpr bool kSoftmax = SoftmaxOn;           // false: S packed as P (not attention)

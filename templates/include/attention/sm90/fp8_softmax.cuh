@@ -103,7 +103,9 @@ __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st,
     scale[r] = qk * c;
     bias[r] = m_new * c - kLog2FP8PScale;
   }
-  float lsum[2][2] = {};
+  // Row sums in two partials each, started from the first exponentials (0 + x is x for the
+  // x >= 0 here: no FADD of zero, which the compiler keeps for the sign of a zero).
+  float lsum[2][2];
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1;
@@ -115,7 +117,7 @@ __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st,
     } else {
       s[i] = ptx::ex2_approx(x);
     }
-    lsum[r][i & 1] += s[i];
+    lsum[r][i & 1] = i < 4 ? s[i] : lsum[r][i & 1] + s[i];
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "../epilogue.cuh"
+#include "../../common.cuh"  // opaque_pointer
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
@@ -209,12 +210,13 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
   ptx::wgmma_commit();
 }
 
-// A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e].
+// A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e]. Through
+// an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer).
 __device__ __forceinline__ void delta_as_scores(float (&s)[64], const float* delta, int quad_col) {
-  const float* d = delta + quad_col;
+  const float2* d = opaque_pointer(reinterpret_cast<const float2*>(delta + quad_col));
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float2 v = *reinterpret_cast<const float2*>(d + 8 * i);
+    const float2 v = d[4 * i];
     s[4 * i] = s[4 * i + 2] = v.x;
     s[4 * i + 1] = s[4 * i + 3] = v.y;
   }
