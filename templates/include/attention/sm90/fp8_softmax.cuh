@@ -64,47 +64,80 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The maxima of the thread's two rows (32 keys each) of the raw dot products, reduced over the
+// quad: the max of every key of the row in this tile. Masked keys (kMasked: columns >= valid)
+// are set to -inf first. One row after the other, in two chains each (halves the dependent
+// FMNMX chain; four measured no faster and cost registers): row g's quad shuffles then run
+// while row g + 8's chains do; with the rows interleaved the kernel measured 1-2 % slower
+// (benchmarks/RESULTS.md).
+template <bool kMasked>
+__device__ __forceinline__ void fp8_row_maxima(float (&s)[64], float (&row_max)[2], int valid, int quad_col) {
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * i + quad_col + e >= valid) s[4 * i + e] = s[4 * i + 2 + e] = -INFINITY;
+      }
+    }
+  }
+  // Key k (0..31) of row r is s[4 (k / 2) + 2 r + k % 2].
+  auto key = [&](int r, int k) { return s[4 * (k >> 1) + 2 * r + (k & 1)]; };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m0 = key(r, 0), m1 = key(r, 1);
+#pragma unroll
+    for (int k = 2; k < 32; k += 2) {
+      m0 = fmaxf(m0, key(r, k));
+      m1 = fmaxf(m1, key(r, k + 1));
+    }
+    row_max[r] = quad_max(fmaxf(m0, m1));
+  }
+}
+
 // One tile, first half: s = raw dot products (accumulator layout) in, Ptil out (in place);
 // `valid` = keys of the tile inside the segment (< 128 only on a segment's last tile: columns
 // >= valid are masked), sk = the tile's K scale, c = softmax_scale * log2(e); updates `st`
 // (st.alpha is now this tile's rescale). Every kPolyExp2Every-th exponential (0: none) runs on
-// the FMA pipe (exp2_fma).
-template <bool kMasked, int kPolyExp2Every>
+// the FMA pipe (exp2_fma). kSkipUnitAlpha (a benchmark build): no MUFU.EX2 for the rescale
+// when no row of the warp changed its max (alpha = 2^0 = 1 exactly, which ex2.approx returns).
+template <bool kMasked, int kPolyExp2Every, bool kSkipUnitAlpha>
 __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st, int valid, float sk, float c,
                                                 int quad_col) {
-  // Row maxima and sums in two independent partials each (halves the dependent FMNMX / FADD
-  // chains; four partials measured no faster and cost registers).
-  float mx[2][2];
+  float row_max[2];
+  fp8_row_maxima<kMasked>(s, row_max, valid, quad_col);
+  float scale[2], bias[2];
+  if constexpr (kSkipUnitAlpha) {
+    float m_new[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2; ++r) {
+      const float qk = st.sq[r] * sk;
+      m_new[r] = fmaxf(st.m[r], qk * row_max[r]);
+      scale[r] = qk * c;
+      bias[r] = m_new[r] * c - kLog2FP8PScale;
+    }
+    if (__any_sync(0xffffffffu, m_new[0] != st.m[0] || m_new[1] != st.m[1])) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) mx[r][j] = -INFINITY;
-  }
+      for (int r = 0; r < 2; ++r) st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new[r]) * c);
+    } else {
+      st.alpha[0] = st.alpha[1] = 1.0f;
+    }
+    st.m[0] = m_new[0];
+    st.m[1] = m_new[1];
+  } else {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (kMasked && 8 * i + quad_col + e >= valid) {
-        s[4 * i + e] = -INFINITY;
-        s[4 * i + 2 + e] = -INFINITY;
-      }
-      mx[0][e] = fmaxf(mx[0][e], s[4 * i + e]);
-      mx[1][e] = fmaxf(mx[1][e], s[4 * i + 2 + e]);
+    for (int r = 0; r < 2; ++r) {
+      const float qk = st.sq[r] * sk;                       // fp32(sq * sk), as the reference
+      const float m_new = fmaxf(st.m[r], qk * row_max[r]);  // max S = fp32(sq sk) * max(dot): sq sk >= 0
+      st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
+      st.m[r] = m_new;
+      scale[r] = qk * c;
+      bias[r] = m_new * c - kLog2FP8PScale;
     }
   }
-  float scale[2], bias[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float qk = st.sq[r] * sk;                       // fp32(sq * sk), as the reference
-    const float row_max = fmaxf(mx[r][0], mx[r][1]);
-    const float m_new = fmaxf(st.m[r], qk * quad_max(row_max));
-    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
-    st.m[r] = m_new;
-    scale[r] = qk * c;
-    bias[r] = m_new * c - kLog2FP8PScale;
-  }
-  // Row sums in two partials each, started from the first exponentials (0 + x is x for the
-  // x >= 0 here: no FADD of zero, which the compiler keeps for the sign of a zero).
+  // Row sums in two partials each (halves the dependent FADD chain), started from the first
+  // exponentials (0 + x is x for the x >= 0 here: no FADD of zero, which the compiler keeps for
+  // the sign of a zero).
   float lsum[2][2];
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -141,10 +174,10 @@ __device__ __forceinline__ void pack_p(const float (&p)[64], uint32_t (&pa)[16])
   }
 }
 
-template <bool kMasked, int kPolyExp2Every>
+template <bool kMasked, int kPolyExp2Every, bool kSkipUnitAlpha = false>
 __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, int valid,
                                                  float sk, float c, int quad_col) {
-  fp8_softmax_exp<kMasked, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
+  fp8_softmax_exp<kMasked, kPolyExp2Every, kSkipUnitAlpha>(s, st, valid, sk, c, quad_col);
   pack_p(s, pa);
 }
 
