@@ -207,7 +207,7 @@ __device__ __forceinline__ void finish_pv(float (&o)[64], float (&otmp)[64], uin
 
 // After the QK^T wgmma of tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax step that makes P of tile t.
-template <int kPolyExp2Every, bool kSoftmax, bool kSkipUnitAlpha, class Smem>
+template <int kPolyExp2Every, bool kSoftmax, class Smem>
 __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st,
                                           Smem& sm, RingSlot& slot, const WorkItem& it, int t, int tiles,
                                           float sk, float c, int quad_col) {
@@ -221,9 +221,9 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
     st.alpha[0] = st.alpha[1] = 1.0f;
     pack_p(s, pa);
   } else if (valid < kTileKeys) {
-    fp8_softmax_tile<true, kPolyExp2Every, kSkipUnitAlpha>(s, pa, st, valid, sk, c, quad_col);
+    fp8_softmax_tile<true, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
   } else {
-    fp8_softmax_tile<false, kPolyExp2Every, kSkipUnitAlpha>(s, pa, st, valid, sk, c, quad_col);
+    fp8_softmax_tile<false, kPolyExp2Every>(s, pa, st, valid, sk, c, quad_col);
   }
   ++slot.index;
 }
@@ -257,8 +257,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 32, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
-          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          bool SkipUnitAlpha = false>
+          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false>
 struct Fp8Options {
   // Every n-th exponential on the FMA pipe (0: none). 32 (two a thread's tile) measured best of
   // 0, 16, 21, 32 and 64 once the tile loop lost its FADDs of zero (benchmarks/RESULTS.md).
@@ -269,7 +268,6 @@ struct Fp8Options {
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
   static constexpr uint32_t kWaitSleepNs = WaitSleepNs; // the producer's suspend-time hint (produce)
   static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (production: static striding)
-  static constexpr bool kSkipUnitAlpha = SkipUnitAlpha;  // no rescale exponentials while no max moves
 };
 
 template <class Opt, int consumer, class Smem>
@@ -326,7 +324,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
       issue_qk_when_ready(s, q_rows, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every, kSoftmax, Opt::kSkipUnitAlpha>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
+      finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -338,7 +336,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
       ptx::wgmma_wait<1>();
       finish_pv<kOUpdate>(o, otmp, pa, st.alpha, sm, pv_stage);
       ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every, kSoftmax, Opt::kSkipUnitAlpha>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
+      finish_qk<kPolyExp2Every, kSoftmax>(s, pa, st, sm, slot, it, t, tiles, sk, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();

@@ -99,41 +99,21 @@ __device__ __forceinline__ void fp8_row_maxima(float (&s)[64], float (&row_max)[
 // `valid` = keys of the tile inside the segment (< 128 only on a segment's last tile: columns
 // >= valid are masked), sk = the tile's K scale, c = softmax_scale * log2(e); updates `st`
 // (st.alpha is now this tile's rescale). Every kPolyExp2Every-th exponential (0: none) runs on
-// the FMA pipe (exp2_fma). kSkipUnitAlpha (a benchmark build): no MUFU.EX2 for the rescale
-// when no row of the warp changed its max (alpha = 2^0 = 1 exactly, which ex2.approx returns).
-template <bool kMasked, int kPolyExp2Every, bool kSkipUnitAlpha>
+// the FMA pipe (exp2_fma).
+template <bool kMasked, int kPolyExp2Every>
 __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st, int valid, float sk, float c,
                                                 int quad_col) {
   float row_max[2];
   fp8_row_maxima<kMasked>(s, row_max, valid, quad_col);
   float scale[2], bias[2];
-  if constexpr (kSkipUnitAlpha) {
-    float m_new[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float qk = st.sq[r] * sk;
-      m_new[r] = fmaxf(st.m[r], qk * row_max[r]);
-      scale[r] = qk * c;
-      bias[r] = m_new[r] * c - kLog2FP8PScale;
-    }
-    if (__any_sync(0xffffffffu, m_new[0] != st.m[0] || m_new[1] != st.m[1])) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new[r]) * c);
-    } else {
-      st.alpha[0] = st.alpha[1] = 1.0f;
-    }
-    st.m[0] = m_new[0];
-    st.m[1] = m_new[1];
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float qk = st.sq[r] * sk;                       // fp32(sq * sk), as the reference
-      const float m_new = fmaxf(st.m[r], qk * row_max[r]);  // max S = fp32(sq sk) * max(dot): sq sk >= 0
-      st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
-      st.m[r] = m_new;
-      scale[r] = qk * c;
-      bias[r] = m_new * c - kLog2FP8PScale;
-    }
+  for (int r = 0; r < 2; ++r) {
+    const float qk = st.sq[r] * sk;                       // fp32(sq * sk), as the reference
+    const float m_new = fmaxf(st.m[r], qk * row_max[r]);  // max S = fp32(sq sk) * max(dot): sq sk >= 0
+    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
+    st.m[r] = m_new;
+    scale[r] = qk * c;
+    bias[r] = m_new * c - kLog2FP8PScale;
   }
   // Row sums in two partials each (halves the dependent FADD chain), started from the first
   // exponentials (0 + x is x for the x >= 0 here: no FADD of zero, which the compiler keeps for
@@ -174,10 +154,10 @@ __device__ __forceinline__ void pack_p(const float (&p)[64], uint32_t (&pa)[16])
   }
 }
 
-template <bool kMasked, int kPolyExp2Every, bool kSkipUnitAlpha = false>
+template <bool kMasked, int kPolyExp2Every>
 __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[16], Fp8RowState& st, int valid,
                                                  float sk, float c, int quad_col) {
-  fp8_softmax_exp<kMasked, kPolyExp2Every, kSkipUnitAlpha>(s, st, valid, sk, c, quad_col);
+  fp8_softmax_exp<kMasked, kPolyExp2Every>(s, st, valid, sk, c, quad_col);
   pack_p(s, pa);
 }
 
