@@ -252,7 +252,8 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // registers (100 bytes of spills, 5-9 % slower) or through two shared-memory P tiles (8-11 %
 // slower); QK^T and PV in phases of their own (8-10 % slower); O = alpha O + Otmp in the next
 // tile's exponential loop (3 % slower); one PV accumulator per 2 or 4 tiles (9 % slower); the
-// softmax one row after the other (3 % slower).
+// whole softmax (maxima, frame, exponentials) one row after the other (3 % slower; the row
+// maxima alone in that order is production, fp8_softmax.cuh).
 
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
