@@ -18,7 +18,8 @@
 //   run ahead through short items of later heads): more K/V in flight than L2 holds, and an
 //   uneven last wave. On h3-mix the static NVFP4 kernel ran 3.1 % longer than its six segment
 //   lengths alone predict, and the dynamic order takes 3.5 % off it (FP8: 0.3 % predicted, and
-//   the dynamic order measured 2-4 % slower on every preset, not understood yet); see
+//   the dynamic order measured 2-4 % slower on every preset: Nsight Compute puts it at the item
+//   boundaries, where each item start waits for the plan-table loads twice); see
 //   benchmarks/RESULTS.md. The producer hands each item index to the readers (the consumers and
 //   the NVFP4 delta warps) through shared memory (ItemSlot), published by the q_full arrival
 //   that starts the item; an index past the end (the terminator) arrives without a Q copy and
