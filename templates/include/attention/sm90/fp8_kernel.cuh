@@ -253,7 +253,12 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // slower); QK^T and PV in phases of their own (8-10 % slower); O = alpha O + Otmp in the next
 // tile's exponential loop (3 % slower); one PV accumulator per 2 or 4 tiles (9 % slower); the
 // whole softmax (maxima, frame, exponentials) one row after the other (3 % slower; the row
-// maxima alone in that order is production, fp8_softmax.cuh).
+// maxima alone in that order is production, fp8_softmax.cuh); the tiles of a CTA's items as one
+// sequence, an item's last PV and the next item's first QK^T in one phase (1-5 % slower); the
+// V-tile wait before turn.wait() (1.4-1.8 % slower); the two consumers' exponential phases in
+// alternation on a second barrier pair (1-3 % slower). The losses without a change to the
+// softmax were per cycle: the consumers' exponential phases collided more (mio_throttle on
+// MUFU.EX2, docs/design.md).
 
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.

@@ -34,7 +34,7 @@ struct PScaleFold {
 // samples.
 constexpr int kNvfp4KStages = 2;
 constexpr int kNvfp4VStages = 2;
-// (One Q block: a second one, loaded during the previous item, measured 3 % slower.)
+// (One Q block: a second one, loaded during the previous item, measured 2-3 % slower.)
 template <int kKDepth, int kVDepth>
 struct alignas(1024) Nvfp4SharedStorage {
   static constexpr int kKStages = kKDepth;

@@ -15,9 +15,9 @@ namespace sm90 {
 constexpr int kHeadDim = 128;
 constexpr int kBlockRows = 128;  // query rows of an item: two consumer warpgroups x 64
 constexpr int kTileKeys = 128;   // keys of a KV tile (= the FP8 K-scale block and the reference's tile)
-// K and V tiles in flight: the FP8 kernel's default ring depth. Deeper rings measured slower
-// (benchmarks/RESULTS.md, 3 to 5 stages), although with 2 the consumers wait for a tile in about
-// 5 % of their samples.
+// K and V tiles in flight: the FP8 kernel's default ring depth. Deeper rings measured slower or
+// at best equal (benchmarks/RESULTS.md: 3 to 5 stages; depth 4 equal in the sixth session),
+// although with 2 the consumers wait for a V tile in about 3 % of their samples.
 constexpr int kFp8Stages = 2;
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
@@ -26,7 +26,8 @@ constexpr uint32_t kTileBytes = kTileKeys * kHeadDim;            // one E4M3 til
 
 // Every tile is 1024-byte aligned: the 128-byte swizzle repeats every 8 rows of 128 bytes, and
 // both TMA and the wgmma descriptors assume the pattern starts at the tile.
-// (One Q block: a second one, loaded during the previous item, measured 4 % slower.)
+// (One Q block: a second one, loaded during the previous item, measured 4-5 % slower, per cycle:
+// the two consumers' exponential phases then overlap more, benchmarks/RESULTS.md.)
 template <int kDepth>
 struct alignas(1024) SharedStorage {
   static constexpr int kStages = kDepth;
