@@ -8,9 +8,10 @@ without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their pro
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
 P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
 FMUL instead of 1 / s folded into the exponentials), ``k_stages`` / ``v_stages`` (the K and V
-ring depths). FP8 builds: ``poly_exp2_every`` (every n-th exponential on the FMA pipe;
-production 32, 0 = none), ``stages`` (the K/V ring depth), ``softmax=False`` (S packed as P),
-``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
+ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile),
+``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production 64,
+0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
+as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
 the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
@@ -50,6 +51,9 @@ from flashinfer_h3.jit.load import load_so
 
 MODULES = {"nvfp4": ("nvfp4_wgmma", "wgmma_fp16_nvfp4"), "fp8": ("fp8_wgmma", "wgmma_fp8")}
 
+# The FP8 kernel's 128-key tiles with their exponential split (production until 2026-12-02).
+T128: dict[str, Any] = {"tile_keys": 128, "poly_exp2_every": 32}
+
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "nvfp4": {
         "production (P quantised)": {},
@@ -66,19 +70,21 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
     },
     "fp8": {
-        "production (fused phases, 1 in 32 exp2 on FMA)": {},
-        "dynamic item order (the NVFP4 kernel's: a counter)": {"dynamic_schedule": True},
+        "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
+        "128-key tiles, 1 in 32 exp2 on FMA (production until 2026-12-02)": T128,
         "all exp2 on MUFU": {"poly_exp2_every": 0},
-        "1 in 8 exp2 on FMA": {"poly_exp2_every": 8},
+        "4 in 128 exp2 on FMA": {"poly_exp2_every": 32},
+        "8 in 128 exp2 on FMA": {"poly_exp2_every": 16},
+        "2 in 128 exp2 on FMA (elements 47 of each half)": {"poly_exp2_every": 48},
         "benchmark build: consumers not in ping-pong": {"ping_pong": False},
-        "1 in 16 exp2 on FMA (production until 2026-12-02)": {"poly_exp2_every": 16},
-        "1 in 64 exp2 on FMA": {"poly_exp2_every": 64},
-        "3 in 64 exp2 on FMA (every 21st)": {"poly_exp2_every": 21},
-        "benchmark build: no softmax (S packed as P)": {"softmax": False},
-        "benchmark build: no O = alpha O + Otmp": {"o_update": False},
         "producer's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
-        "ring depth 4": {"stages": 4},
+        "ring depth 3": {"stages": 3},
         "largest shared-memory carveout": {"smem_carveout": 100},
+        "128-key tiles: dynamic item order (the NVFP4 kernel's: a counter)": {
+            **T128, "dynamic_schedule": True},
+        "128-key tiles: benchmark build: no softmax (S packed as P)": {**T128, "softmax": False},
+        "128-key tiles: benchmark build: no O = alpha O + Otmp": {**T128, "o_update": False},
+        "128-key tiles: ring depth 4": {**T128, "stages": 4},
     },
 }
 

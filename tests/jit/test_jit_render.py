@@ -209,17 +209,18 @@ def test_flags_order_does_not_matter() -> None:
         (
             "fp8_wgmma",
             {},
-            ["/*poly_exp2_every=*/32,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
+            ["/*poly_exp2_every=*/64,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
-             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false>"],
+             "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
+             "/*tile_keys=*/256>"],
         ),
         (
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
-             "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True},
+             "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True, "tile_keys": 128},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
-             "/*dynamic_schedule=*/true>"],
+             "/*dynamic_schedule=*/true,", "/*tile_keys=*/128>"],
         ),
         (
             "nvfp4_wgmma",

@@ -121,23 +121,31 @@ BENCHMARK_BOUNDS = [(0, 1, 17, 17, 162, 300, 700, 1500), (0, 4097), (0, 9000, 93
 BENCHMARK_IDS = ["packed", "4097", "mixed-16384"]
 
 
+# The 128-key tiles with their exponential split (production until 2026-12-02): the reference
+# build of the schedule variants that exist only with 128-key tiles.
+T128 = {"tile_keys": 128, "poly_exp2_every": 32}
+
+
 @pytest.mark.parametrize(
-    "flags",
-    [{"stages": 3}, {"ping_pong": False}, {"wait_sleep_ns": 0}, {"dynamic_schedule": True}],
-    ids=["ring-3", "no-ping-pong", "polling-waits", "dynamic-order"],
+    ("flags", "base_flags"),
+    [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
+     ({**T128, "dynamic_schedule": True}, T128)],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "dynamic-order-128"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
-    module: Any, flags: dict[str, Any], bounds: tuple[int, ...]
+    module: Any, flags: dict[str, Any], base_flags: dict[str, Any] | None, bounds: tuple[int, ...]
 ) -> None:
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
-    polling, the dynamic item order) give the production build's output bit for bit. On segments
-    of 1, 17, 162, ... tokens (single and partial tiles), on one of 4,097 (33 tiles: both ring
-    parities, a masked last tile), and on four of 300 to 9,000 tokens (393 items: several drawn
+    polling; with 128-key tiles the dynamic item order) give their reference build's output
+    (production, or the 128-key build) bit for bit. On segments of 1, 17, 162, ... tokens (single
+    and partial tiles), on one of 4,097 (17 tiles of 256 keys: both ring parities, a masked last
+    tile with one K-scale block), and on four of 300 to 9,000 tokens (393 items: several drawn
     per CTA)."""
+    base_module = module if base_flags is None else benchmark_build("fp8_wgmma", base_flags)
     base, variant = kernel_only_outputs(
-        "fp8", "wgmma_fp8", [module, benchmark_build("fp8_wgmma", flags)], bounds
+        "fp8", "wgmma_fp8", [base_module, benchmark_build("fp8_wgmma", flags)], bounds
     )
     assert torch.isfinite(base).all() and torch.isfinite(variant).all()
     assert torch.equal(base, variant)

@@ -2,20 +2,21 @@
 
 Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from the binary:
 
-- both products on the FP8 wgmma: 8 ``QGMMA.64x128x32.F32.E4M3.E4M3`` with both operands in
-  shared memory (QK^T, 4 k32 steps) and 8 with A = P from registers (PV) per consumer
-  warpgroup's code path (the two consumers are separate instantiations), no HGMMA/HMMA;
+- both products on the FP8 wgmma: 16 ``QGMMA.64x128x32.F32.E4M3.E4M3`` with both operands in
+  shared memory (QK^T of a 256-key tile's two halves, 4 k32 steps each, in the first phase and
+  in the loop) and 16 with A = P from registers (PV, 8 k32 steps, in the loop and in the last
+  phase) per consumer warpgroup's code path (the two consumers are separate instantiations), no
+  HGMMA/HMMA;
 - the roles' register split (``USETMAXREG``), 384 threads, one CTA per SM of shared memory;
 - no local memory: 0 bytes of stack frame and of spill stores / loads in ptxas' report, STACK and
-  LOCAL 0 in the resource usage, no LDL / STL in the SASS. The consumers' 240 registers have none
-  to spare (fp8_kernel.cuh, the consumers' schedule), so a value newly held across the tile loop
-  shows up here;
+  LOCAL 0 in the resource usage, no LDL / STL in the SASS. The consumers' 240 registers fit only
+  because S, Otmp and P share registers (fp8_kernel.cuh consume_256), so a value newly held
+  across the tile loop shows up here;
 - the producer's waits suspend (``NANOSLEEP.SYNCS`` after a failed ``TRYWAIT``);
 - no wgmma serialised.
 
-The benchmark-only builds without the softmax or the O update keep all their GEMMs. Otherwise
-only the default build is checked (``poly_exp2_every`` 32; the kernel has no local memory at 0,
-4, 8 and 16 either).
+The benchmark-only builds without the softmax or the O update (128-key tiles) keep all their
+GEMMs, and the 128-key build (production until 2026-12-02) has no local memory either.
 """
 
 from __future__ import annotations
@@ -46,20 +47,21 @@ def test_both_products_on_fp8_wgmma(so: Path) -> None:
           and re.search(QGMMA + r" R\d+, gdesc", line)]
     rs = [line for line in sass.splitlines() if re.search(QGMMA + r" R\d+, R\d+, gdesc", line)]
     print(f"{KERNEL}: {len(ss)} SS (QK^T) and {len(rs)} RS (PV) FP8 wgmma")
-    # Each consumer instantiation: QK^T in the first phase and in the loop, PV in the loop and in
-    # the last phase, 4 k32 steps each.
-    assert len(ss) == 2 * 2 * 4 and len(rs) == 2 * 2 * 4
+    # Each consumer instantiation: QK^T (two halves of 4 k32 steps) in the first phase and in
+    # the loop, PV (8 k32 steps) in the loop and in the last phase.
+    assert len(ss) == 2 * 2 * 8 and len(rs) == 2 * 2 * 8
     assert "HGMMA" not in sass and "HMMA" not in sass
     assert "USETMAXREG" in sass
 
 
 def test_wgmma_asynchronous(so: Path) -> None:
-    """ptxas keeps the wgmmas asynchronous: one ``WARPGROUP.ARRIVE`` per GEMM issue (4 a
-    consumer). A register shortage around the wgmmas makes ptxas serialise every one of them
+    """ptxas keeps the wgmmas asynchronous: one ``WARPGROUP.ARRIVE`` per GEMM issue (6 a
+    consumer: QK^T's two halves in the first phase, PV and the two halves in the loop, PV in
+    the last phase). A register shortage around the wgmmas makes ptxas serialise every one of them
     (warning C7511, "insufficient register resources for the wgmma pipeline") with an arrive
     each, and ptxas still reports no spills: a softmax change that touches the accumulators'
     registers can do that (a first integer form of the row maxima did)."""
-    assert bt.sass(so, KERNEL).count("WARPGROUP.ARRIVE") == 2 * 4
+    assert bt.sass(so, KERNEL).count("WARPGROUP.ARRIVE") == 2 * 6
 
 
 def test_resources(so: Path) -> None:
@@ -75,8 +77,12 @@ def test_module_is_hopper_only() -> None:
         KernelConfig("fp8_wgmma", arch="sm_120a")
 
 
+T128 = {"tile_keys": 128, "poly_exp2_every": 32}
+
+
 @pytest.mark.parametrize(
-    "flags", [{"softmax": False}, {"o_update": False}], ids=["no-softmax", "no-o-update"]
+    "flags", [{**T128, "softmax": False}, {**T128, "o_update": False}],
+    ids=["no-softmax", "no-o-update"],
 )
 def test_benchmark_builds_keep_every_gemm(flags: dict[str, int]) -> None:
     """The benchmark-only builds that drop a part of the consumer's work still run all 32 full
@@ -102,7 +108,7 @@ def test_dynamic_item_order(so: Path) -> None:
     from flashinfer_h3.jit import KernelConfig, build_module
 
     assert "ATOM" not in bt.sass(so, KERNEL)
-    config = KernelConfig("fp8_wgmma", arch="sm_90a", flags={"dynamic_schedule": True})
+    config = KernelConfig("fp8_wgmma", arch="sm_90a", flags={**T128, "dynamic_schedule": True})
     dynamic = Path(build_module(config))
     assert len(re.findall(r"\bATOMG?\.E\.ADD", bt.sass(dynamic, KERNEL))) == 1
     bt.assert_no_local_memory(dynamic, KERNEL)
@@ -118,3 +124,16 @@ def test_producer_waits_suspend(so: Path) -> None:
     config = KernelConfig("fp8_wgmma", arch="sm_90a", flags={"wait_sleep_ns": 0})
     polling = Path(build_module(config))
     assert "NANOSLEEP" not in bt.sass(polling, KERNEL)
+
+
+def test_128_key_build() -> None:
+    """The 128-key tiles (``tile_keys=128``, production until 2026-12-02): 8 SS and 8 RS wgmmas
+    a consumer, asynchronous, no local memory."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    so = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=T128)))
+    sass = bt.sass(so, KERNEL)
+    assert len(re.findall(QGMMA + r" R\d+, gdesc", sass)) == 16
+    assert len(re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)) == 16
+    assert sass.count("WARPGROUP.ARRIVE") == 2 * 4
+    bt.assert_no_local_memory(so, KERNEL)

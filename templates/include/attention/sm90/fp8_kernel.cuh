@@ -5,15 +5,19 @@
 // dynamic order measured 2-4 % slower here, benchmarks/RESULTS.md), one CTA per SM:
 //   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
 //              completing on mbarriers; gives most of its registers away (setmaxnreg)
-//   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile
-//                 QK^T  S = Q K^T                   wgmma SS, m64n128k32 x 4
-//                 softmax (fp8_softmax.cuh)         S -> P (E4M3, in registers), m, l
-//                 PV    Otmp = P V                  wgmma RS (A = P from registers), fresh per tile
+//   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile of 256 keys (two
+//              128-key halves, one K-scale block each; consume_256)
+//                 QK^T  S = Q K^T                   wgmma SS, m64n128k32 x 4 per half
+//                 softmax (fp8_softmax.cuh)         S -> P (E4M3, in registers), m, l: one max
+//                                                   and one rescale per 256 keys
+//                 PV    Otmp = P V                  wgmma RS (A = P from registers) x 8, fresh per tile
 //                 O = alpha O + Otmp                two-level accumulation in FP32 (spec 4.4)
 //              and the epilogue O * sv / l -> bf16 for the block's real rows.
 // The consumers alternate on named barriers: a "GEMM phase" of consumer c issues PV of tile t - 1
-// and QK^T of tile t back to back, then hands the tensor cores to the other consumer and does its
-// softmax while the other's GEMMs run.
+// and QK^T of tile t, then hands the tensor cores to the other consumer and does its softmax while
+// the other's GEMMs run. The 128-key tiles of before (consume; benchmark build tile_keys=128)
+// measured 2.5-3.5 % slower: cuDNN's FP8 kernel on this GPU takes 256 keys a tile too
+// (benchmarks/RESULTS.md, seventh session).
 //
 // Operands are the FP8 workspace regions (flashinfer_h3/layout.py) written by the pre-pass, read
 // through three tensor maps built by the binding with the 128-byte swizzle that wgmma's K-major
@@ -30,6 +34,7 @@
 
 #include "../epilogue.cuh"
 #include "../../ptx/mbarrier.cuh"
+#include "../../ptx/sreg.cuh"
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
@@ -74,15 +79,22 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
   ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
-  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  constexpr int kKeys = Smem::kTileKeysOf, kHalves = kKeys / kTileKeys;  // 128-key boxes per tile
+  const int tiles = (it.seg_len + kKeys - 1) / kKeys;
   auto tile = [&](int t) {
     const int st = slot.stage<Smem::kStages>();
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kTileBytes);
-    ptx::tma_load_3d(sm.k[st], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kTileKeys, it.head);
+    ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kHalves * kTileBytes);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      ptx::tma_load_3d(sm.k[st][h], tm_k, &sm.k_full[st], 0, it.seg_begin + t * kKeys + h * kTileKeys, it.head);
+    }
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
-    ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kTileBytes);
-    ptx::tma_load_3d(sm.v[st], tm_v, &sm.v_full[st], it.vcol0 + t * kTileKeys, 0, it.head);
+    ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kHalves * kTileBytes);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      ptx::tma_load_3d(sm.v[st][h], tm_v, &sm.v_full[st], it.vcol0 + t * kKeys + h * kTileKeys, 0, it.head);
+    }
   };
   if constexpr (kRolled) {
 #pragma unroll 1
@@ -169,7 +181,7 @@ __device__ __forceinline__ void issue_qk_when_ready(float (&s)[64], const uint8_
                                                     const RingSlot& slot) {
   const int stage = slot.stage<Smem::kStages>();
   ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
-  issue_qk(s, q_rows, sm.k[stage]);
+  issue_qk(s, q_rows, sm.k[stage][0]);
 }
 
 // Waits for the V tile of the slot before `slot` (the tile of the last softmax) and issues P V.
@@ -178,7 +190,7 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&otmp)[64], const uin
                                                     Smem& sm, const RingSlot& slot) {
   const int stage = slot.previous_stage<Smem::kStages>();
   ptx::mbarrier_wait(&sm.v_full[stage], slot.previous_parity<Smem::kStages>());
-  issue_pv(otmp, pa, sm.v[stage]);
+  issue_pv(otmp, pa, sm.v[stage][0]);
 }
 
 // O = alpha O + Otmp, alpha per row (the two-level accumulation, spec 4.4).
@@ -262,11 +274,14 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 
 // A build's compile-time choices: production takes the defaults, the benchmark-only builds
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
-template <int PolyExp2Every = 32, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
-          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false>
+template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
+          bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
+          int TileKeys = 2 * kTileKeys>
 struct Fp8Options {
-  // Every n-th exponential on the FMA pipe (0: none). 32 (two a thread's tile) measured best of
-  // 0, 16, 21, 32 and 64 once the tile loop lost its FADDs of zero (benchmarks/RESULTS.md).
+  // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
+  // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 40, 48 and 64, by
+  // 2.5-3.5 % (a ptxas-schedule effect: 40 and 48 measured as 32); with 128-key tiles 32 was best
+  // (benchmarks/RESULTS.md).
   static constexpr int kPolyExp2Every = PolyExp2Every;
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
   static constexpr int kStages = Stages;                // the depth of the K and V rings
@@ -274,6 +289,12 @@ struct Fp8Options {
   static constexpr bool kOUpdate = OUpdateOn;           // false: no O = alpha O + Otmp (not attention)
   static constexpr uint32_t kWaitSleepNs = WaitSleepNs; // the producer's suspend-time hint (produce)
   static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (production: static striding)
+  // Keys of a KV tile: 128, or 256 (consume_256: one max, one rescale and one O update per 256
+  // keys; the two K-scale blocks of a tile scale its halves).
+  static constexpr int kTileKeys = TileKeys;
+  static_assert(TileKeys == kTileKeys || TileKeys == 2 * kTileKeys, "KV tiles of 128 or 256 keys");
+  static_assert(TileKeys == kTileKeys || (SoftmaxOn && OUpdateOn && !DynamicOrder),
+                "256-key tiles: production arithmetic and the static item order only");
 };
 
 template <class Opt, int consumer, class Smem>
@@ -361,14 +382,165 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   turn.finish();
 }
 
+// ---- 256-key tiles ---------------------------------------------------------------------------
+
+// S = Q K^T over one 128-key half of a tile, a fresh accumulator: the first k32 step overwrites
+// (so S's old values are dead before it and their registers may hold P or Otmp meanwhile).
+__device__ __forceinline__ void issue_qk_half(float (&s)[64], const uint8_t* q_rows, const uint8_t* k_half) {
+  const uint32_t q_desc = ptx::wgmma_desc_sw128_low(q_rows), k_desc = ptx::wgmma_desc_sw128_low(k_half);
+  ptx::wgmma_fence();  // the softmax and the O update read these registers: order that first
+  ptx::wgmma_m64n128k32_e4m3_ss_overwrite(s, ptx::wgmma_desc_from_low(q_desc), ptx::wgmma_desc_from_low(k_desc));
+#pragma unroll
+  for (int k = 1; k < kHeadDim / 32; ++k) {
+    ptx::wgmma_m64n128k32_e4m3_ss(s, ptx::wgmma_desc_from_low(q_desc + k32_step_offset(k)),
+                                  ptx::wgmma_desc_from_low(k_desc + k32_step_offset(k)), 1u);
+  }
+  ptx::wgmma_commit();
+}
+
+// Otmp = P V over a 256-key tile (eight k32 steps: four on each V^T half), a fresh accumulator.
+__device__ __forceinline__ void issue_pv_256(float (&otmp)[64], const uint32_t (&pa_lo)[16],
+                                             const uint32_t (&pa_hi)[16], const uint8_t* v_lo, const uint8_t* v_hi) {
+  const uint32_t lo_desc = ptx::wgmma_desc_sw128_low(v_lo), hi_desc = ptx::wgmma_desc_sw128_low(v_hi);
+  ptx::wgmma_fence();  // the softmax wrote P: order that before the wgmma reads it
+#pragma unroll
+  for (int k = 0; k < kTileKeys / 32; ++k) {
+    const uint32_t a[4] = {pa_lo[4 * k], pa_lo[4 * k + 1], pa_lo[4 * k + 2], pa_lo[4 * k + 3]};
+    const uint64_t desc = ptx::wgmma_desc_from_low(lo_desc + k32_step_offset(k));
+    if (k == 0) {
+      ptx::wgmma_m64n128k32_e4m3_rs_overwrite(otmp, a, desc);
+    } else {
+      ptx::wgmma_m64n128k32_e4m3_rs(otmp, a, desc, 1u);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kTileKeys / 32; ++k) {
+    const uint32_t a[4] = {pa_hi[4 * k], pa_hi[4 * k + 1], pa_hi[4 * k + 2], pa_hi[4 * k + 3]};
+    ptx::wgmma_m64n128k32_e4m3_rs(otmp, a, ptx::wgmma_desc_from_low(hi_desc + k32_step_offset(k)), 1u);
+  }
+  ptx::wgmma_commit();
+}
+
+// After QK^T of 256-key tile t completed: release its K tile (and the Q block after the last
+// tile), then the softmax that makes P of tile t, both halves.
+template <int kPolyExp2Every, class Smem>
+__device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
+                                              uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm, RingSlot& slot,
+                                              const WorkItem& it, int t, int tiles, float sk0, float sk1, float c,
+                                              int quad_col) {
+  ptx::fence_operands(s_lo);
+  ptx::fence_operands(s_hi);
+  if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
+    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+  }
+  const int valid = it.seg_len - t * 2 * kTileKeys;
+  if (valid < 2 * kTileKeys) {
+    fp8_softmax_exp_256<true, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+  } else {
+    fp8_softmax_exp_256<false, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+  }
+  pack_p(s_lo, pa_lo);
+  pack_p(s_hi, pa_hi);
+  ++slot.index;
+}
+
+// The consumers with 256-key tiles. A GEMM phase (holding the turn) issues PV(t - 1), waits for
+// it, issues QK^T of tile t's first half, does O = alpha O + Otmp while that runs, then issues
+// the second half into the registers Otmp held: S (128), Otmp (64) and P (32) are never all live
+// at once, so O, S and the rest fit the 240 registers. (The first half issued before the PV wait
+// needs P, Otmp and half of S at once: ptxas then spilled 200 bytes and serialised the wgmmas.)
+template <class Opt, int consumer, class Smem>
+__device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
+  constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
+  constexpr int kKeys = 2 * kTileKeys;
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad_col = 2 * (lane % 4);
+  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;
+  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
+
+  float s_lo[64], s_hi[64], otmp[64], o[64];
+  uint32_t pa_lo[16], pa_hi[16];
+  Fp8RowState st;
+
+  const PingPong<Opt::kPingPong> turn(consumer);
+  turn.start();
+
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int w = blockIdx.x;; ++items) {
+    if (w / p.plan.num_qblocks >= p.plan.heads) break;
+    const WorkItem it = work_item(p.plan, w);
+    const int row0 = it.row_begin + row_in_block;
+    const float* qs = p.q_scales + head_offset(it.head, p.tokens);
+    st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
+    const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
+    const int last_block = (it.seg_len - 1) / kTileKeys;  // the segment's last 128-key block
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    const int tiles = (it.seg_len + kKeys - 1) / kKeys;
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+
+    {
+      const float sk0 = __ldg(ks + 0), sk1 = __ldg(ks + min(1, last_block));
+      turn.wait();
+      const int stage = slot.stage<Smem::kStages>();
+      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
+      issue_qk_half(s_lo, q_rows, sm.k[stage][0]);
+      issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
+    }
+    for (int t = 1; t < tiles; ++t) {
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
+      const int stage = slot.stage<Smem::kStages>();
+      // A half past the segment's last block reads that block's scale (its keys are masked).
+      const float sk0 = __ldg(ks + 2 * t), sk1 = __ldg(ks + min(2 * t + 1, last_block));
+      turn.wait();
+      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
+      issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(otmp);
+      ptx::fence_operands(pa_lo);
+      ptx::fence_operands(pa_hi);
+      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
+      issue_qk_half(s_lo, q_rows, sm.k[stage][0]);
+      update_o(o, otmp, st.alpha);
+      issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
+    }
+    {
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
+      turn.wait();
+      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
+      issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(otmp);
+      ptx::fence_operands(pa_lo);
+      ptx::fence_operands(pa_hi);
+      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      update_o(o, otmp, st.alpha);
+    }
+    store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
+    w += static_cast<int>(ptx::grid_ctas_x());
+  }
+  turn.finish();
+}
+
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
-// smem_bytes<Opt::kStages>().
+// smem_bytes<Opt::kStages, Opt::kTileKeys>().
 template <class Opt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                const __grid_constant__ CUtensorMap tm_v, const Fp8Params p) {
   extern __shared__ uint8_t dynamic_smem[];
-  using Smem = SharedStorage<Opt::kStages>;
+  using Smem = SharedStorage<Opt::kStages, Opt::kTileKeys>;
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
@@ -386,7 +558,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates
     // (a runtime index kept them in registers and pushed the fused schedule into spills).
-    if (warpgroup == 1) {
+    if constexpr (Opt::kTileKeys == 2 * kTileKeys) {
+      if (warpgroup == 1) {
+        consume_256<Opt, 0>(sm, p);
+      } else {
+        consume_256<Opt, 1>(sm, p);
+      }
+    } else if (warpgroup == 1) {
       consume<Opt, 0>(sm, p);
     } else {
       consume<Opt, 1>(sm, p);

@@ -161,5 +161,94 @@ __device__ __forceinline__ void fp8_softmax_tile(float (&s)[64], uint32_t (&pa)[
   pack_p(s, pa);
 }
 
+// ---- 256-key tiles (Fp8Options::kTileKeys = 256) ----------------------------------------------
+// A tile of 256 keys is two 128-key halves, each a 64 x 128 accumulator fragment (lo: keys
+// 0..127, K-scale block 2t; hi: keys 128..255, block 2t + 1). One max over both halves, one
+// rescale per 256 keys; the exponentials and the row sums as above, half by half.
+constexpr int kFp8HalfKeys = 128;  // keys of a half (= kTileKeys, shared_storage.cuh)
+
+// The maxima of S over the tile for the thread's two rows, reduced over the quad: per half the
+// raw dot maxima (two chains), scaled by the half's fp32(sq sk) (max S = fp32(sq sk) * max(dot):
+// sq sk >= 0), the larger of the two, then the quad. Masked keys (columns >= valid) are set to
+// -inf first; a half whose keys are all masked gives -inf (or NaN for a zero scale, which fmaxf
+// drops: the tile's key 0 is in the segment, so the quad's maximum is finite).
+template <bool kMasked>
+__device__ __forceinline__ void fp8_row_maxima_256(float (&lo)[64], float (&hi)[64], const float (&qk)[2][2],
+                                                   float (&row_max)[2], int valid, int quad_col) {
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * i + quad_col + e >= valid) lo[4 * i + e] = lo[4 * i + 2 + e] = -INFINITY;
+        if (kFp8HalfKeys + 8 * i + quad_col + e >= valid) hi[4 * i + e] = hi[4 * i + 2 + e] = -INFINITY;
+      }
+    }
+  }
+  auto key = [](const float (&s)[64], int r, int k) { return s[4 * (k >> 1) + 2 * r + (k & 1)]; };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m0 = key(lo, r, 0), m1 = key(lo, r, 1), m2 = key(hi, r, 0), m3 = key(hi, r, 1);
+#pragma unroll
+    for (int k = 2; k < 32; k += 2) {
+      m0 = fmaxf(m0, key(lo, r, k));
+      m1 = fmaxf(m1, key(lo, r, k + 1));
+      m2 = fmaxf(m2, key(hi, r, k));
+      m3 = fmaxf(m3, key(hi, r, k + 1));
+    }
+    row_max[r] = quad_max(fmaxf(qk[r][0] * fmaxf(m0, m1), qk[r][1] * fmaxf(m2, m3)));
+  }
+}
+
+// Ptil of one half in place (the exponential loop of fp8_softmax_exp with the half's scale;
+// `valid` counted from the half's first key), its row sums added into lsum.
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_exp_half(float (&s)[64], const float (&scale)[2], const float (&bias)[2],
+                                             float (&lsum)[2][2], int valid, int quad_col, bool first) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1;
+    float x = fmaf(s[i], scale[r], -bias[r]);
+    if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
+    if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
+      s[i] = exp2_fma(x);
+    } else {
+      s[i] = ptx::ex2_approx(x);
+    }
+    lsum[r][i & 1] = (first && i < 4) ? s[i] : lsum[r][i & 1] + s[i];
+  }
+}
+
+// One 256-key tile: lo, hi = raw dot products in, Ptil out; sk0, sk1 = the halves' K scales.
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)[64], Fp8RowState& st, int valid,
+                                                    float sk0, float sk1, float c, int quad_col) {
+  float qk[2][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    qk[r][0] = st.sq[r] * sk0;  // fp32(sq * sk), as the reference
+    qk[r][1] = st.sq[r] * sk1;
+  }
+  float row_max[2];
+  fp8_row_maxima_256<kMasked>(lo, hi, qk, row_max, valid, quad_col);
+  float scale_lo[2], scale_hi[2], bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(st.m[r], row_max[r]);
+    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);  // 0 on the first tile (m = -inf)
+    st.m[r] = m_new;
+    scale_lo[r] = qk[r][0] * c;
+    scale_hi[r] = qk[r][1] * c;
+    bias[r] = m_new * c - kLog2FP8PScale;
+  }
+  float lsum[2][2];
+  fp8_exp_half<kMasked, kPolyExp2Every>(lo, scale_lo, bias, lsum, valid, quad_col, true);
+  fp8_exp_half<kMasked, kPolyExp2Every>(hi, scale_hi, bias, lsum, valid - kFp8HalfKeys, quad_col, false);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
+  }
+}
+
 }  // namespace sm90
 }  // namespace flashinfer_h3

@@ -28,12 +28,16 @@ constexpr uint32_t kTileBytes = kTileKeys * kHeadDim;            // one E4M3 til
 // both TMA and the wgmma descriptors assume the pattern starts at the tile.
 // (One Q block: a second one, loaded during the previous item, measured 4-5 % slower, per cycle:
 // the two consumers' exponential phases then overlap more, benchmarks/RESULTS.md.)
-template <int kDepth>
+// kKeys: keys of a KV tile, 128 or 256. A 256-key tile is two 128-key halves of kTileBytes each
+// (two TMA boxes): K half h holds keys 128h.., V^T half h their columns, so every wgmma operand
+// is a 128-byte-row tile as above.
+template <int kDepth, int kKeys = kTileKeys>
 struct alignas(1024) SharedStorage {
   static constexpr int kStages = kDepth;
-  uint8_t q[kBlockRows * kHeadDim];  // rows 64c..64c+63 belong to consumer c
-  uint8_t k[kDepth][kTileBytes];     // K tile: row = key, 128 channel bytes
-  uint8_t v[kDepth][kTileBytes];     // V^T tile: row = channel, 128 key bytes (FP8 key order)
+  static constexpr int kTileKeysOf = kKeys;
+  uint8_t q[kBlockRows * kHeadDim];          // rows 64c..64c+63 belong to consumer c
+  uint8_t k[kDepth][kKeys / kTileKeys][kTileBytes];  // K tile: row = key, 128 channel bytes
+  uint8_t v[kDepth][kKeys / kTileKeys][kTileBytes];  // V^T tile: row = channel, 128 key bytes (FP8 key order)
   uint64_t q_full, q_empty;
   uint64_t k_full[kDepth], k_empty[kDepth];
   uint64_t v_full[kDepth], v_empty[kDepth];
@@ -41,9 +45,9 @@ struct alignas(1024) SharedStorage {
 };
 
 // Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.
-template <int kDepth>
+template <int kDepth, int kKeys = kTileKeys>
 constexpr int smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<kDepth>)) + 1024;
+  return static_cast<int>(sizeof(SharedStorage<kDepth, kKeys>)) + 1024;
 }
 
 // The (1024-byte aligned) storage inside the dynamic shared memory; `Storage` is a SharedStorage
@@ -56,8 +60,8 @@ __device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
 
 // Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
 // arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup.
-template <int kDepth>
-__device__ __forceinline__ void init_barriers(SharedStorage<kDepth>& s) {
+template <int kDepth, int kKeys>
+__device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kKeys>& s) {
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kDepth; ++i) {
