@@ -95,6 +95,29 @@ __device__ __forceinline__ void fp8_row_maxima(float (&s)[64], float (&row_max)[
   }
 }
 
+// Ptil of 128 keys in place (a 128-key tile, or one half of a 256-key tile with `valid` counted
+// from its first key) and their row sums, in two partials a row (halves the dependent FADD
+// chain). `first`: the partials start from the first exponentials (0 + x is x for the x >= 0
+// here: no FADD of zero, which the compiler keeps for the sign of a zero); else they are added to.
+// A masked key has s = -inf; with a zero Q scale (an all-zero row) -inf * 0 would be NaN, so its
+// x is set to -inf. Every kPolyExp2Every-th exponential (0: none) runs on the FMA pipe.
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_exp_half(float (&s)[64], const float (&scale)[2], const float (&bias)[2],
+                                             float (&lsum)[2][2], int valid, int quad_col, bool first) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int r = (i >> 1) & 1;
+    float x = fmaf(s[i], scale[r], -bias[r]);
+    if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
+    if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
+      s[i] = exp2_fma(x);
+    } else {
+      s[i] = ptx::ex2_approx(x);
+    }
+    lsum[r][i & 1] = (first && i < 4) ? s[i] : lsum[r][i & 1] + s[i];
+  }
+}
+
 // One tile, first half: s = raw dot products (accumulator layout) in, Ptil out (in place);
 // `valid` = keys of the tile inside the segment (< 128 only on a segment's last tile: columns
 // >= valid are masked), sk = the tile's K scale, c = softmax_scale * log2(e); updates `st`
@@ -115,23 +138,8 @@ __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st,
     scale[r] = qk * c;
     bias[r] = m_new * c - kLog2FP8PScale;
   }
-  // Row sums in two partials each (halves the dependent FADD chain), started from the first
-  // exponentials (0 + x is x for the x >= 0 here: no FADD of zero, which the compiler keeps for
-  // the sign of a zero).
   float lsum[2][2];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int r = (i >> 1) & 1;
-    float x = fmaf(s[i], scale[r], -bias[r]);
-    // A masked key has s = -inf; with a zero Q scale (an all-zero row) -inf * 0 would be NaN.
-    if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
-    if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
-      s[i] = exp2_fma(x);
-    } else {
-      s[i] = ptx::ex2_approx(x);
-    }
-    lsum[r][i & 1] = i < 4 ? s[i] : lsum[r][i & 1] + s[i];
-  }
+  fp8_exp_half<kMasked, kPolyExp2Every>(s, scale, bias, lsum, valid, quad_col, true);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
@@ -197,25 +205,6 @@ __device__ __forceinline__ void fp8_row_maxima_256(float (&lo)[64], float (&hi)[
       m3 = fmaxf(m3, key(hi, r, k + 1));
     }
     row_max[r] = quad_max(fmaxf(qk[r][0] * fmaxf(m0, m1), qk[r][1] * fmaxf(m2, m3)));
-  }
-}
-
-// Ptil of one half in place (the exponential loop of fp8_softmax_exp with the half's scale;
-// `valid` counted from the half's first key), its row sums added into lsum.
-template <bool kMasked, int kPolyExp2Every>
-__device__ __forceinline__ void fp8_exp_half(float (&s)[64], const float (&scale)[2], const float (&bias)[2],
-                                             float (&lsum)[2][2], int valid, int quad_col, bool first) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int r = (i >> 1) & 1;
-    float x = fmaf(s[i], scale[r], -bias[r]);
-    if (kMasked && 8 * (i >> 2) + quad_col + (i & 1) >= valid) x = -INFINITY;
-    if (kPolyExp2Every > 0 && i % kPolyExp2Every == kPolyExp2Every - 1) {
-      s[i] = exp2_fma(x);
-    } else {
-      s[i] = ptx::ex2_approx(x);
-    }
-    lsum[r][i & 1] = (first && i < 4) ? s[i] : lsum[r][i & 1] + s[i];
   }
 }
 
