@@ -16,7 +16,7 @@
 // The consumers alternate on named barriers: a "GEMM phase" of consumer c issues PV of tile t - 1
 // and QK^T of tile t, then hands the tensor cores to the other consumer and does its softmax while
 // the other's GEMMs run. The 128-key tiles of before (consume; benchmark build tile_keys=128)
-// measured 2.5-3.5 % slower: cuDNN's FP8 kernel on this GPU takes 256 keys a tile too
+// measured 2-3.5 % slower: cuDNN's FP8 kernel on this GPU takes 256 keys a tile too
 // (benchmarks/RESULTS.md, seventh session).
 //
 // Operands are the FP8 workspace regions (flashinfer_h3/layout.py) written by the pre-pass, read
@@ -279,9 +279,9 @@ template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stage
           int TileKeys = 2 * kTileKeys>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
-  // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 40, 48 and 64, by
-  // 2.5-3.5 % (a ptxas-schedule effect: 40 and 48 measured as 32); with 128-key tiles 32 was best
-  // (benchmarks/RESULTS.md).
+  // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
+  // by 2-3.5 % (a ptxas-schedule effect: 36 to 62 measured as 32 or slower); with 128-key tiles
+  // 32 was best (benchmarks/RESULTS.md).
   static constexpr int kPolyExp2Every = PolyExp2Every;
   static constexpr bool kPingPong = PingPongOn;         // the consumers' GEMM phases alternate (PingPong)
   static constexpr int kStages = Stages;                // the depth of the K and V rings
