@@ -255,7 +255,8 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
   }
 }
 
-// The consumers' schedule: one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back and
+// The consumers' schedule with 128-key tiles (the tile_keys=128 build; production's 256-key tiles
+// are consume_256 below): one GEMM phase per tile issues PV(t - 1) and QK^T(t) back to back and
 // waits for both before the softmax of tile t; O, S, Otmp and P hold 208 of the 240 registers,
 // without local memory and with no register to spare: a value held across the tile loop (an
 // invariant of the item loop too) is one the loop lacks, hence the item loop's condition and
