@@ -137,3 +137,12 @@ def test_128_key_build() -> None:
     assert len(re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)) == 16
     assert sass.count("WARPGROUP.ARRIVE") == 2 * 4
     bt.assert_no_local_memory(so, KERNEL)
+
+
+def test_256_key_tiles_refuse_the_dynamic_order() -> None:
+    """The 256-key consumers stride statically; a build asking for the dynamic item order with
+    them (whose producer would draw items the consumers never take) fails to compile."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    with pytest.raises(Exception, match="static item order only"):
+        build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"dynamic_schedule": True}))

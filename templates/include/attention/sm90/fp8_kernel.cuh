@@ -292,9 +292,10 @@ struct Fp8Options {
   static constexpr bool kDynamic = DynamicOrder;        // the dynamic item order (production: static striding)
   // Keys of a KV tile: 128, or 256 (consume_256: one max, one rescale and one O update per 256
   // keys; the two K-scale blocks of a tile scale its halves).
+  // (Inside the struct kTileKeys names this member: the checks spell the 128-key constant out.)
   static constexpr int kTileKeys = TileKeys;
-  static_assert(TileKeys == kTileKeys || TileKeys == 2 * kTileKeys, "KV tiles of 128 or 256 keys");
-  static_assert(TileKeys == kTileKeys || (SoftmaxOn && OUpdateOn && !DynamicOrder),
+  static_assert(TileKeys == sm90::kTileKeys || TileKeys == 2 * sm90::kTileKeys, "KV tiles of 128 or 256 keys");
+  static_assert(TileKeys == sm90::kTileKeys || (SoftmaxOn && OUpdateOn && !DynamicOrder),
                 "256-key tiles: production arithmetic and the static item order only");
 };
 
@@ -422,6 +423,17 @@ __device__ __forceinline__ void issue_pv_256(float (&otmp)[64], const uint32_t (
   ptx::wgmma_commit();
 }
 
+// After PV over a 256-key tile completed: its operands (Otmp, P) become the compiler's again and
+// its V tile is released.
+template <class Smem>
+__device__ __forceinline__ void release_pv_256(float (&otmp)[64], uint32_t (&pa_lo)[16], uint32_t (&pa_hi)[16],
+                                               Smem& sm, int stage) {
+  ptx::fence_operands(otmp);
+  ptx::fence_operands(pa_lo);
+  ptx::fence_operands(pa_hi);
+  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
+}
+
 // After QK^T of 256-key tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax that makes P of tile t, both halves.
 template <int kPolyExp2Every, class Smem>
@@ -503,10 +515,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
       issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(otmp);
-      ptx::fence_operands(pa_lo);
-      ptx::fence_operands(pa_hi);
-      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      release_pv_256(otmp, pa_lo, pa_hi, sm, pv_stage);
       ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
       issue_qk_half(s_lo, q_rows, sm.k[stage][0]);
       update_o(o, otmp, st.alpha);
@@ -522,10 +531,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(otmp);
-      ptx::fence_operands(pa_lo);
-      ptx::fence_operands(pa_hi);
-      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      release_pv_256(otmp, pa_lo, pa_hi, sm, pv_stage);
       update_o(o, otmp, st.alpha);
     }
     store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
