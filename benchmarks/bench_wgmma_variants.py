@@ -34,9 +34,7 @@ them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ import torch
 
 from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the bench command's
-from flashinfer_h3.benchtools import KernelOnly
+from flashinfer_h3.benchtools import GpuSampler, KernelOnly
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 
@@ -93,30 +91,13 @@ def timed_with_clocks(
     fn: Callable[[], Any], iters: int
 ) -> tuple[float, float | None, float | None]:
     """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
-    clock (MHz) and board power (W) sampled every 100 ms meanwhile (else None): the H200 runs these
-    kernels at its 700 W cap, so a build's clock is part of its time (benchmarks/RESULTS.md)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return _time_cuda(fn, iters, warmup=1), None, None
-    query = [smi, "-i", str(torch.cuda.current_device()), "--query-gpu=clocks.sm,power.draw",
-             "--format=csv,noheader,nounits", "-lms", "100"]
-    with subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as sampler:
-        try:
-            ms = _time_cuda(fn, iters, warmup=1)
-        finally:
-            sampler.terminate()
-        lines = sampler.communicate()[0].splitlines()
-    samples = []
-    for line in lines[2:]:  # the first samples see the warm-up start
-        try:
-            mhz, watts = (float(x) for x in line.split(","))
-        except ValueError:
-            continue
-        samples.append((mhz, watts))
-    if not samples:
+    clock (MHz) and board power (W) sampled meanwhile (else None; benchtools.GpuSampler): the H200
+    runs these kernels at its 700 W cap, so a build's clock is part of its time."""
+    with GpuSampler(torch.cuda.current_device()) as sampler:
+        ms = _time_cuda(fn, iters, warmup=1)
+    if sampler.state is None:
         return ms, None, None
-    return ms, statistics.median(m for m, _ in samples), statistics.median(w for _, w in samples)
+    return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
 
 
 def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:

@@ -3,9 +3,10 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|mix|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|mix|breakdown|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
-# Hopper attention kernels; mix: where h3-mix loses against h3-10s; see below; none is part of all)
+# Hopper attention kernels; mix: where h3-mix loses against h3-10s; breakdown: a whole call's
+# pre-pass and kernel; see below; none is part of all)
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -56,8 +57,10 @@ if [[ $what == all || $what == bench ]]; then
         # Both operators (the default op set; a kernel backend also gets its "kernel only" row)
         # and every importable peer (SageAttention, cuDNN FP8) on the three MiniMax-H3 presets,
         # in one process: one JSON and one plot.
+        # --rounds 3: every row of a preset timed in turn three times (the GPU warms up over a
+        # bench, and its clock under the 700 W cap with it: RESULTS.md, eighth session).
         timeout ${BENCH_TIMEOUT:-420} python3 -m flashinfer_h3 bench \
-            --preset h3-10s,h3-15s-sp4,h3-mix --iters 3 \
+            --preset h3-10s,h3-15s-sp4,h3-mix --iters 3 --rounds 3 \
             --json "$OUT/bench.json" --plot "$OUT/bench.png"
     } 2>&1 | tee "$OUT/bench.log"
 fi
@@ -111,6 +114,13 @@ if [[ $what == mix ]]; then
     timeout 300 python3 benchmarks/bench_wgmma_variants.py --op fp8,nvfp4 --preset h3-mix \
         --shape 30720*2:56 --shape 15360*4:56 --shape 9216*7:56 --shape 4096*15:56 \
         --shape 1536*40:56 --shape 333*184:56 --only none --iters 5 --rounds 3 2>&1 | tee "$OUT/mix.log"
+fi
+
+if [[ $what == breakdown ]]; then
+    # Where a whole call's time goes (pre-pass, attention kernel, each alone and inside one call
+    # sequence) beside cuDNN BF16, both operators, the three presets.
+    timeout 300 python3 benchmarks/bench_call_breakdown.py --op fp8,nvfp4 \
+        --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 2>&1 | tee "$OUT/breakdown.log"
 fi
 
 if [[ $what == diagnose ]]; then

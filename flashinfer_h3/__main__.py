@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -447,6 +448,30 @@ def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> float:
     return times[len(times) // 2]
 
 
+def _timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, Any]:
+    """``_time_cuda`` with the GPU's clock, power and temperature sampled meanwhile
+    (benchtools.GpuState, None without nvidia-smi)."""
+    import torch
+
+    from . import benchtools
+
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    with benchtools.GpuSampler(index) as sampler:
+        ms = _time_cuda(fn, iters, warmup)
+    return ms, sampler.state
+
+
+def _rounds_text(rounds: int) -> str:
+    return "" if rounds == 1 else f", in {rounds} rounds (every row in turn; their median)"
+
+
+def _state_text(state: Any) -> str:
+    if state is None:
+        return ""
+    return (f" (SM {state.sm_clock_mhz:.0f} MHz, {state.power_w:.0f} W, "
+            f"{state.temperature_c:.0f} C)")
+
+
 GPU_PRESET_NOTE = "needs a CUDA GPU"
 
 
@@ -641,8 +666,9 @@ def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     _print(
         f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
         f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
-        f"after {args.warmup} warm-up, whole call ({KERNEL_ONLY_NOTE}); accuracy: relative L2 "
-        f"vs the FP32 oracle on up to {benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
+        f"after {args.warmup} warm-up{_rounds_text(args.rounds)}, whole call "
+        f"({KERNEL_ONLY_NOTE}); accuracy: relative L2 vs the FP32 oracle on up to "
+        f"{benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
     )
     runs: list[dict[str, Any]] = []
     progress = [0, total]
@@ -699,6 +725,8 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
         except Exception as exc:  # graph build: an unsupported shape or cuDNN version
             _print(f"  cuDNN fp8 peer unavailable: {type(exc).__name__}: {str(exc)[:160]}")
     results: list[dict[str, Any]] = []
+    timings: list[list[float]] = []  # per row, one median per round
+    states: list[list[Any]] = []  # per row, the GPU's state in each round (None: no nvidia-smi)
     for m in rows:
         progress[0] += 1
         step = f"[{progress[0]}/{progress[1]}] {preset_name} {m.label}"
@@ -708,18 +736,42 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
             result = m.run()  # one untimed call: the accuracy column
             rel = oracle.rel_l2(m.to_packed(result))
             extra = m.check(result) if m.check is not None else {}
-            ms = _time_cuda(m.run, args.iters, args.warmup)
+            ms, state = _timed(m.run, args.iters, args.warmup)
             row = _bench_result(m.label, ms, flops, rel)
             note = "" if extra.get("matches_whole_call", True) else (
                 " (WARNING: its output differs from the whole call's)")
-            _print(f"  {step}: {ms:.3f} ms, {row['tflops']:.1f} TFLOP/s, rel L2 {rel:.4f}{note}")
+            _print(f"  {step}: {ms:.3f} ms, {row['tflops']:.1f} TFLOP/s, rel L2 {rel:.4f}"
+                   f"{_state_text(state)}{note}")
+            timings.append([ms])
         except Exception as exc:  # a peer backend may be unavailable on this build/GPU
             error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
-            row, extra = _bench_result(m.label, None, flops, None, error), {}
+            row, extra, state = _bench_result(m.label, None, flops, None, error), {}, None
             _print(f"  {step}: n/a ({error})")
+            timings.append([])
+        states.append([state])
         row.update(m.fields)
         row.update(extra)
         results.append(row)
+    # Further rounds time every row again in turn, so that the GPU's warming and its clock under
+    # the power cap fall on every implementation alike; a row's time is its rounds' median.
+    for r in range(1, args.rounds):
+        for m, row, times, seen in zip(rows, results, timings, states, strict=True):
+            if row["ms"] is None:
+                continue
+            if m.prime is not None:
+                m.prime()  # another row's call may have reused the workspace
+            ms, state = _timed(m.run, args.iters, args.warmup)
+            times.append(ms)
+            seen.append(state)
+            _print(f"  round {r + 1}/{args.rounds} {preset_name} {m.label}: {ms:.3f} ms"
+                   f"{_state_text(state)}")
+    for row, times, seen in zip(results, timings, states, strict=True):
+        if times:
+            row.update(_bench_result(row["name"], statistics.median(times), flops, row["rel_l2"]))
+            row["round_ms"] = times
+        if all(st is not None for st in seen):
+            row["gpu"] = {key: statistics.median(getattr(st, key) for st in seen)
+                          for key in ("sm_clock_mhz", "power_w", "temperature_c")}
     _print_table(results)
     return _run_record(preset_name, preset, results)
 
@@ -776,6 +828,7 @@ def _write_outputs(args: argparse.Namespace, device: str, runs: list[dict[str, A
         "versions": _versions(),
         "iters": args.iters,
         "warmup": args.warmup,
+        "rounds": args.rounds,
         "seed": args.seed,
         "runs": runs,
     }
@@ -802,11 +855,14 @@ BENCH_EPILOG = """presets:
 """ + "\n".join(f"  {name:11s} {preset.about}" for name, preset in PRESETS.items()) + """
 
 Each measurement is the median of --iters timed calls (CUDA events, whole call) after --warmup
-untimed ones, with the relative L2 error against the FP32 oracle on sampled rows. A kernel
-backend gets a second row, "kernel only (no pre-pass)": its attention kernel alone, timed after
-one whole call has left that input's quantized operands in the workspace; its accuracy comes
-from the kernel-only output. TFLOP/s = 4 * sum(L^2) * heads * 128 / time. Optional peers
-(SageAttention, cuDNN FP8) and --plot need the bench extra: pip install 'flashinfer-h3[bench]'."""
+untimed ones (with --rounds N, every row of a preset is timed again in turn N - 1 times and
+reports its rounds' median; the SM clock, power and temperature nvidia-smi sampled meanwhile go
+into the JSON's "gpu" field), with the relative L2 error against the FP32 oracle on sampled
+rows. A kernel backend gets a second row, "kernel only (no pre-pass)": its attention kernel
+alone, timed after one whole call has left that input's quantized operands in the workspace;
+its accuracy comes from the kernel-only output. TFLOP/s = 4 * sum(L^2) * heads * 128 / time.
+Optional peers (SageAttention, cuDNN FP8) and --plot need the bench extra:
+pip install 'flashinfer-h3[bench]'."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -854,6 +910,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--warmup", type=_non_negative_int, default=2,
                    help="untimed calls before timing, >= 0 (default: %(default)s)")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="rounds, >= 1: each round times every implementation of a preset in "
+                   "turn (--iters calls each), a row reports its rounds' median (default: "
+                   "%(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random inputs and of the sampled oracle rows "
                    "(default: %(default)s)")

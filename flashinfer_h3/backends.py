@@ -78,7 +78,8 @@ WORKSPACE_LAYOUTS: tuple[str, ...] = ("nvfp4", "nvfp4_fp16", "fp8", "fp8_sm90")
 #: current stream. ``plan`` and ``views`` are None / () for a backend without a workspace.
 #: A kernel backend's launch also has ``launch.attention_only`` (same arguments): its attention
 #: kernel alone, reading the operands an earlier launch's pre-pass left in ``views`` (benchmarks
-#: time it as "kernel only").
+#: time it as "kernel only"), and ``launch.prepass_only``: the pre-pass alone
+#: (benchmarks/bench_call_breakdown.py).
 Launch = Callable[..., None]
 #: ``make_launcher(module, backend) -> Launch``: ``module`` is the loaded JIT module (None for a
 #: backend without one).
@@ -477,7 +478,13 @@ def prepass_attention_launcher(quantize: Callable[..., None], attention: Callabl
         _, attention_args, tail = bound.get(plan, views)
         attention(out, *attention_args, scale, *tail)
 
+    def prepass_only(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
+                     bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
+        quantize_args, _, _ = bound.get(plan, views)
+        quantize(q, k, v, *quantize_args)
+
     launch.attention_only = attention_only  # type: ignore[attr-defined]
+    launch.prepass_only = prepass_only  # type: ignore[attr-defined]
     return launch
 
 

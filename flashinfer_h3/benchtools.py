@@ -331,6 +331,65 @@ def cudnn_fp8_peer(q: Any, k: Any, v: Any, bounds: Sequence[int]
 
 
 # ---------------------------------------------------------------------------------------------
+# the GPU's clock, power and temperature while a measurement runs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """Medians of nvidia-smi's samples over one measurement. The H200 runs the low-precision
+    kernels at its 700 W board power cap, so the SM clock, and with it the time, depends on the
+    power a kernel draws and on how warm the GPU is (leakage): a row's clock is part of its
+    time (benchmarks/RESULTS.md)."""
+
+    sm_clock_mhz: float
+    power_w: float
+    temperature_c: float
+
+
+class GpuSampler:
+    """``with GpuSampler(device_index) as s: ...`` samples the SM clock, board power and GPU
+    temperature every 100 ms through ``nvidia-smi`` meanwhile; ``s.state`` is then their
+    medians, or None where nvidia-smi is missing or gave fewer than two samples (the first two
+    see the warm-up start and are dropped)."""
+
+    def __init__(self, device_index: int, period_ms: int = 100) -> None:
+        self.query = [
+            "nvidia-smi", "-i", str(device_index),
+            "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+            "--format=csv,noheader,nounits", "-lms", str(period_ms),
+        ]
+        self.proc: Any = None
+        self.state: GpuState | None = None
+
+    def __enter__(self) -> GpuSampler:
+        import shutil
+        import subprocess
+
+        if shutil.which(self.query[0]) is not None:
+            self.proc = subprocess.Popen(self.query, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        lines = self.proc.communicate()[0].splitlines()
+        samples = []
+        for line in lines[2:]:
+            try:
+                mhz, watts, celsius = (float(x) for x in line.split(","))
+            except ValueError:  # "[N/A]" or a truncated last line
+                continue
+            samples.append((mhz, watts, celsius))
+        if samples:
+            import statistics
+
+            self.state = GpuState(*(statistics.median(col) for col in zip(*samples, strict=True)))
+
+
+# ---------------------------------------------------------------------------------------------
 # plot
 # ---------------------------------------------------------------------------------------------
 

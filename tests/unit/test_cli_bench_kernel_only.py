@@ -265,3 +265,96 @@ def test_bench_json_plot_and_table_with_kernel_only_rows(fake_gpu_bench, tmp_pat
     table = benchtools.markdown_table(data)
     assert ("| small (1,537 x 4) | flashinfer_h3 fp8 [fake_fp8] kernel only (no pre-pass) | "
             "3.000 |") in table
+
+
+# ---------------------------------------------------------------------------------------------
+# --rounds and the GPU's state (SM clock, power, temperature) per row
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_bench, tmp_path,
+                                                                   monkeypatch, capsys) -> None:
+    """With --rounds 3 every row is timed three times in turn (the kernel-only row primed again
+    before each round: another row's call may have reused the workspace) and reports the median
+    of its rounds; the rounds' times go into the JSON."""
+    nvfp4 = FakeKernel("nvfp4")
+    offsets = [0.0, 2.0, 1.0]  # round r of a row takes base + offsets[r]
+    seen: dict[str, int] = {}
+
+    def timer(fn: Callable[[], Any], iters: int, warmup: int) -> float:
+        before = len(nvfp4.calls)
+        for _ in range(warmup + iters):
+            fn()
+        new = nvfp4.calls[before:]
+        kind = "whole" if "pre-pass" in new else "kernel" if new else "peer"
+        base = {"whole": WHOLE_MS, "kernel": KERNEL_MS, "peer": PEER_MS}[kind]
+        r = seen.get(kind, 0)
+        seen[kind] = r + 1
+        return base + offsets[r % 3]
+
+    monkeypatch.setattr(cli, "_time_cuda", timer)  # replaces the fixture's
+    data = fake_gpu_bench({"nvfp4": nvfp4, "fp8": _reference("fp8")}, tmp_path, "--op", "nvfp4",
+                          "--rounds", "3")
+    out = capsys.readouterr().out
+    assert data["rounds"] == 3
+    rows = {r["name"]: r for r in data["results"]}
+    whole = rows["flashinfer_h3 nvfp4 [fake_nvfp4 (kernel)]"]
+    kernel = rows["flashinfer_h3 nvfp4 [fake_nvfp4] kernel only (no pre-pass)"]
+    assert whole["round_ms"] == [WHOLE_MS, WHOLE_MS + 2, WHOLE_MS + 1]
+    assert whole["ms"] == WHOLE_MS + 1 and kernel["ms"] == KERNEL_MS + 1
+    assert math.isclose(kernel["tflops"], data["flops"] / ((KERNEL_MS + 1) * 1e-3) / 1e12)
+    assert kernel["vs_cudnn"] == (PEER_MS + 1) / (KERNEL_MS + 1)
+    assert kernel["matches_whole_call"] is True and kernel["rel_l2"] < 1e-2
+    # Round 1 as without --rounds; rounds 2 and 3: the whole call's 3 calls, then one whole
+    # call to prime the kernel-only row and its 3 attention-only calls.
+    first = ["pre-pass", "attention"] * 5 + ["attention"] * 4
+    again = ["pre-pass", "attention"] * 4 + ["attention"] * 3
+    assert nvfp4.calls == first + again + again
+    assert "in 3 rounds" in out and "round 3/3 small flashinfer_h3 nvfp4" in out
+    assert "gpu" not in kernel  # no nvidia-smi here
+
+
+class _FakeSmi:
+    """subprocess.Popen of ``nvidia-smi ... -lms``: communicate() gives these lines."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.terminated = False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def communicate(self) -> tuple[str, str]:
+        return "\n".join(self.lines) + "\n", ""
+
+
+def test_gpu_sampler_medians_drop_the_warm_up_samples(monkeypatch) -> None:
+    import shutil
+    import subprocess
+
+    started: list[list[str]] = []
+    smi = _FakeSmi(["1980, 300.0, 40", "1700, 710.0, 41",  # the warm-up start: dropped
+                    "1845, 690.5, 60", "[N/A], 1.0, 1", "1860, 680.0, 62", "1830, 700.0, 61",
+                    "1845, 6"])  # a line cut off by terminate()
+
+    def popen(cmd: list[str], **kwargs: Any) -> _FakeSmi:
+        started.append(cmd)
+        return smi
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with benchtools.GpuSampler(3) as sampler:
+        assert sampler.state is None
+    assert smi.terminated
+    assert started[0][:3] == ["nvidia-smi", "-i", "3"] and "-lms" in started[0]
+    assert sampler.state == benchtools.GpuState(1845.0, 690.5, 61.0)
+    assert "SM 1845 MHz, 690 W, 61 C" in cli._state_text(sampler.state)
+
+
+def test_gpu_sampler_without_nvidia_smi(monkeypatch) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with benchtools.GpuSampler(0) as sampler:
+        pass
+    assert sampler.state is None and cli._state_text(None) == ""

@@ -462,7 +462,10 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
 // it, issues QK^T of tile t's first half, does O = alpha O + Otmp while that runs, then issues
 // the second half into the registers Otmp held: S (128), Otmp (64) and P (32) are never all live
 // at once, so O, S and the rest fit the 240 registers. (The first half issued before the PV wait
-// needs P, Otmp and half of S at once: ptxas then spilled 200 bytes and serialised the wgmmas.)
+// needs P, Otmp and half of S at once: ptxas then spilled 200 bytes and serialised the wgmmas.
+// With O in shared memory instead, 64 KB, the first half fits before the wait: 8-10 % slower,
+// the O round trip's shared-memory latency in the GEMM phase and 6 % more instructions cost
+// more than the waits it removed; benchmarks/RESULTS.md, eighth session.)
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every;

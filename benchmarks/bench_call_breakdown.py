@@ -1,0 +1,122 @@
+"""Where a whole call's time goes, per operator and preset: the pre-pass and the attention kernel,
+each timed back to back on its own and both inside one call sequence, beside the whole call.
+
+Rows (median of CUDA-event timings over ``--rounds`` rounds of ``--iters`` calls; every row of a
+preset is timed in turn in each round, so the GPU's warming and its clock under the power cap fall
+on all of them alike):
+
+- ``whole call``: the public operator, as ``python -m flashinfer_h3 bench`` times it;
+- ``pre-pass alone``: the quantisation launches (``launch.prepass_only``) back to back;
+- ``kernel alone``: the attention kernel (``launch.attention_only``) back to back, as the bench's
+  "kernel only" row;
+- ``in call: pre-pass`` / ``in call: kernel``: one event between the two halves of each call,
+  so each part is timed where it runs in a real call (after the other one);
+- ``cuDNN bf16``: torch SDPA's cuDNN backend, the bar's yardstick.
+
+    python benchmarks/bench_call_breakdown.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix]
+        [--iters 10] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.attention import SDPBackend
+
+from flashinfer_h3 import benchtools
+from flashinfer_h3.__main__ import PRESETS, _inputs, _operator
+
+
+def _events(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def _split(ko: benchtools.KernelOnly, iters: int, warmup: int) -> tuple[list[float], list[float]]:
+    """(pre-pass, kernel) ms of each call of a sequence pre-pass -> event -> kernel."""
+    launch = ko.prepared.launch
+    args = (ko.q, ko.k, ko.v, ko.out, ko.scale, ko.bounds, ko.plan, ko.views)
+    for _ in range(warmup):
+        launch.prepass_only(*args)
+        launch.attention_only(*args)
+    torch.cuda.synchronize()
+    pre, ker = [], []
+    for _ in range(iters):
+        e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        e[0].record()
+        launch.prepass_only(*args)
+        e[1].record()
+        launch.attention_only(*args)
+        e[2].record()
+        e[2].synchronize()
+        pre.append(e[0].elapsed_time(e[1]))
+        ker.append(e[1].elapsed_time(e[2]))
+    return pre, ker
+
+
+def run(preset_name: str, ops: list[str], iters: int, rounds: int) -> None:
+    preset = PRESETS[preset_name]
+    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), 0)
+    out = torch.empty_like(q)
+    rows: dict[str, list[float]] = {}
+    cudnn, _ = benchtools.sdpa_peer(q, k, v, bounds, SDPBackend.CUDNN_ATTENTION)
+    for r in range(rounds):
+        for op in ops:
+            fn = _operator(op)
+            ko = benchtools.kernel_only_peer(op, q, k, v, bounds, out)
+            if ko is None:
+                print(f"{op}: no kernel backend on this GPU; skipped")
+                continue
+            ko.prime()
+            launch = ko.prepared.launch
+            args = (q, k, v, out, ko.scale, ko.bounds, ko.plan, ko.views)
+            rows.setdefault(f"{op} whole call", []).append(statistics.median(
+                _events(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters, 2)))
+            rows.setdefault(f"{op} pre-pass alone", []).append(statistics.median(
+                _events(lambda launch=launch, args=args: launch.prepass_only(*args), iters, 2)))
+            ko.prime()
+            rows.setdefault(f"{op} kernel alone", []).append(statistics.median(
+                _events(ko.run, iters, 2)))
+            pre, ker = _split(ko, iters, 2)
+            rows.setdefault(f"{op} in call: pre-pass", []).append(statistics.median(pre))
+            rows.setdefault(f"{op} in call: kernel", []).append(statistics.median(ker))
+        rows.setdefault("cuDNN bf16", []).append(statistics.median(_events(cudnn, iters, 2)))
+        print(f"{preset_name}: round {r + 1}/{rounds} done", flush=True)
+    yardstick = statistics.median(rows["cuDNN bf16"])
+    print(f"{preset_name} ({sum(preset.lengths)} tokens x {preset.heads} heads), median of "
+          f"{rounds} rounds x {iters} calls:")
+    for name, times in rows.items():
+        ms = statistics.median(times)
+        spread = 100 * (max(times) - min(times)) / ms
+        print(f"  {name:24s} {ms:9.3f} ms (rounds spread {spread:4.1f} %)  "
+              f"cuDNN bf16 / this {yardstick / ms:6.3f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", default="fp8,nvfp4", help="comma-separated among nvfp4, fp8")
+    ap.add_argument("--preset", default="h3-10s,h3-15s-sp4,h3-mix",
+                    help=f"comma-separated among {', '.join(PRESETS)}")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
+    args = ap.parse_args()
+    for name in args.preset.split(","):
+        run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
