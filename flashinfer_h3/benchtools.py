@@ -473,13 +473,18 @@ def plot(payload: dict[str, Any], path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _rounds_note(rounds: int) -> str:
+    return "" if rounds == 1 else f", every row timed in {rounds} rounds in turn (their median)"
+
+
 def markdown_table(payload: dict[str, Any]) -> str:
     """The results of a ``bench --json`` file as the markdown table of docs/benchmarks.md."""
     versions = ", ".join(f"{k} {v}" for k, v in payload.get("versions", {}).items() if v)
     lines = [
         f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}, "
         f"{payload.get('date', 'date unknown')}; {versions}; median of {payload.get('iters')} "
-        f"runs after {payload.get('warmup')} warm-up, seed {payload.get('seed')}.",
+        f"runs after {payload.get('warmup')} warm-up{_rounds_note(payload.get('rounds', 1))}, "
+        f"seed {payload.get('seed')}.",
         "",
         "| preset | implementation | ms | TFLOP/s | x cuDNN | rel L2 vs FP32 oracle |",
         "|---|---|---:|---:|---:|---:|",

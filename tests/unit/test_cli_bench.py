@@ -142,3 +142,10 @@ def test_markdown_table_of_a_bench_json() -> None:
     assert "NVIDIA H200, 2026-12-01; torch 2.13; median of 10 runs" in text
     assert "| h3-10s (61,440 x 56) | flashinfer_h3 nvfp4 | 20.000 | 50.0 | 2.00 | 0.1900 |" in text
     assert "| h3-mix (61,261 x 56) | SageAttention | n/a | | | ImportError: x |" in text
+
+
+def test_markdown_table_says_the_rounds() -> None:
+    base = {**_payload(), "date": "2026-12-02", "iters": 10, "warmup": 2, "seed": 0}
+    assert "rounds" not in benchtools.markdown_table(base).splitlines()[0]
+    text = benchtools.markdown_table({**base, "rounds": 3})
+    assert "median of 10 runs after 2 warm-up, every row timed in 3 rounds in turn" in text

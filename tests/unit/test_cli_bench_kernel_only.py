@@ -121,6 +121,23 @@ def test_kernel_only_times_attention_only_after_one_whole_call(monkeypatch) -> N
     assert kernel.plan is PLANS.lookup(tuple(bounds), q.shape[1], q.device)
 
 
+def test_prepass_only_runs_the_pre_pass_alone(monkeypatch) -> None:
+    """``launch.prepass_only`` (benchmarks/bench_call_breakdown.py) runs the quantisation
+    launches and not the attention kernel; an attention_only after it reads what it left."""
+    fake = FakeKernel("fp8")
+    _use(monkeypatch, {"fp8": fake.prepared})
+    q, k, v, _, bounds = _inputs()
+    out = torch.empty_like(q)
+    kernel = benchtools.kernel_only_peer("fp8", q, k, v, bounds, out)
+    assert kernel is not None
+    kernel.prime()
+    args = (q, k, v, out, kernel.scale, kernel.bounds, kernel.plan, kernel.views)
+    fake.launch.prepass_only(*args)
+    assert fake.calls == ["pre-pass", "attention", "pre-pass"]
+    fake.launch.attention_only(*args)
+    assert fake.calls[-1] == "attention" and kernel.matches_whole_call(out)
+
+
 def test_kernel_only_reports_an_output_that_differs_from_the_whole_call(monkeypatch) -> None:
     fake = FakeKernel("nvfp4", broken_alone=True)
     _use(monkeypatch, {"nvfp4": fake.prepared})
