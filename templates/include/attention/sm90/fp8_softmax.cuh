@@ -239,5 +239,71 @@ __device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)
   }
 }
 
+// ---- 256-key tiles, the maxima of the first half under the second half's QK^T
+// (Fp8Options::kSplitQkWait, a benchmark build) -------------------------------------------------
+
+// The raw dot maxima of one half for the thread's two rows, two chains a row (m[r][0], m[r][1]:
+// the even and the odd keys), keys past `valid` (counted from the half's first key) set to -inf
+// first when kMasked.
+template <bool kMasked>
+__device__ __forceinline__ void fp8_half_maxima(float (&s)[64], float (&m)[2][2], int valid, int quad_col) {
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * i + quad_col + e >= valid) s[4 * i + e] = s[4 * i + 2 + e] = -INFINITY;
+      }
+    }
+  }
+  auto key = [&](int r, int k) { return s[4 * (k >> 1) + 2 * r + (k & 1)]; };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r][0] = key(r, 0);
+    m[r][1] = key(r, 1);
+#pragma unroll
+    for (int k = 2; k < 32; k += 2) {
+      m[r][0] = fmaxf(m[r][0], key(r, k));
+      m[r][1] = fmaxf(m[r][1], key(r, k + 1));
+    }
+  }
+}
+
+// fp8_softmax_exp_256 with the first half's maxima `mlo` already taken (fp8_half_maxima, while
+// the second half's QK^T ran): the same maxima, combined in the same expression, so the same
+// numbers bit for bit.
+template <bool kMasked, int kPolyExp2Every>
+__device__ __forceinline__ void fp8_softmax_exp_256_split(float (&lo)[64], float (&hi)[64], const float (&mlo)[2][2],
+                                                          Fp8RowState& st, int valid, float sk0, float sk1, float c,
+                                                          int quad_col) {
+  float qk[2][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    qk[r][0] = st.sq[r] * sk0;
+    qk[r][1] = st.sq[r] * sk1;
+  }
+  float mhi[2][2];
+  fp8_half_maxima<kMasked>(hi, mhi, valid - kFp8HalfKeys, quad_col);
+  float scale_lo[2], scale_hi[2], bias[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_max =
+        quad_max(fmaxf(qk[r][0] * fmaxf(mlo[r][0], mlo[r][1]), qk[r][1] * fmaxf(mhi[r][0], mhi[r][1])));
+    const float m_new = fmaxf(st.m[r], row_max);
+    st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);
+    st.m[r] = m_new;
+    scale_lo[r] = qk[r][0] * c;
+    scale_hi[r] = qk[r][1] * c;
+    bias[r] = m_new * c - kLog2FP8PScale;
+  }
+  float lsum[2][2];
+  fp8_exp_half<kMasked, kPolyExp2Every>(lo, scale_lo, bias, lsum, valid, quad_col, true);
+  fp8_exp_half<kMasked, kPolyExp2Every>(hi, scale_hi, bias, lsum, valid - kFp8HalfKeys, quad_col, false);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
+  }
+}
+
 }  // namespace sm90
 }  // namespace flashinfer_h3
