@@ -10,8 +10,7 @@ P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = P
 FMUL instead of 1 / s folded into the exponentials), ``k_stages`` / ``v_stages`` (the K and V
 ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile),
 ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production 64,
-0 = none), ``stages`` (the K/V ring depth), ``split_qk_wait=False`` (the softmax waits for both
-halves' QK^T before any row maximum); with 128-key tiles only: ``softmax=False`` (S packed
+0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
 as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
@@ -69,8 +68,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
     },
     "fp8": {
-        "production (256-key tiles, 2 in 128 exp2 on FMA, first half's maxima early)": {},
-        "softmax after both halves' QK^T (production until 2026-12-02)": {"split_qk_wait": False},
+        "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
         "128-key tiles, 1 in 32 exp2 on FMA (production until 2026-12-02)": T128,
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "4 in 128 exp2 on FMA": {"poly_exp2_every": 32},

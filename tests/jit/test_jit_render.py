@@ -212,7 +212,7 @@ def test_flags_order_does_not_matter() -> None:
             ["/*poly_exp2_every=*/64,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
-             "/*tile_keys=*/256,", "/*split_qk_wait=*/true>"],
+             "/*tile_keys=*/256>"],
         ),
         (
             "fp8_wgmma",
@@ -220,7 +220,7 @@ def test_flags_order_does_not_matter() -> None:
              "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True, "tile_keys": 128},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
-             "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*split_qk_wait=*/false>"],
+             "/*dynamic_schedule=*/true,", "/*tile_keys=*/128>"],
         ),
         (
             "nvfp4_wgmma",

@@ -129,8 +129,8 @@ T128 = {"tile_keys": 128, "poly_exp2_every": 32}
 @pytest.mark.parametrize(
     ("flags", "base_flags"),
     [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
-     ({"split_qk_wait": False}, None), ({**T128, "dynamic_schedule": True}, T128)],
-    ids=["ring-3", "no-ping-pong", "polling-waits", "qk-wait-both-halves", "dynamic-order-128"],
+     ({**T128, "dynamic_schedule": True}, T128)],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "dynamic-order-128"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
@@ -138,11 +138,11 @@ def test_benchmark_builds_match_production(
 ) -> None:
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
-    polling, the softmax after both halves' QK^T; with 128-key tiles the dynamic item order)
-    give their reference build's output (production, or the 128-key build) bit for bit. On
-    segments of 1, 17, 162, ... tokens (single and partial tiles), on one of 4,097 (17 tiles of
-    256 keys: both ring parities, a masked last tile with one K-scale block), and on four of 300
-    to 9,000 tokens (393 items: several drawn per CTA)."""
+    polling; with 128-key tiles the dynamic item order) give their reference build's output
+    (production, or the 128-key build) bit for bit. On segments of 1, 17, 162, ... tokens (single
+    and partial tiles), on one of 4,097 (17 tiles of 256 keys: both ring parities, a masked last
+    tile with one K-scale block), and on four of 300 to 9,000 tokens (393 items: several drawn
+    per CTA)."""
     base_module = module if base_flags is None else benchmark_build("fp8_wgmma", base_flags)
     base, variant = kernel_only_outputs(
         "fp8", "wgmma_fp8", [base_module, benchmark_build("fp8_wgmma", flags)], bounds

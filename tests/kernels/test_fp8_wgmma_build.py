@@ -126,22 +126,6 @@ def test_producer_waits_suspend(so: Path) -> None:
     assert "NANOSLEEP" not in bt.sass(polling, KERNEL)
 
 
-def test_first_half_maxima_under_the_second_half(so: Path) -> None:
-    """Production waits for QK^T's first half alone (``WARPGROUP.DEPBAR.LE gsb0, 0x1``, in each
-    consumer's first phase and tile loop) and takes its row maxima while the second half runs;
-    the ``split_qk_wait=False`` benchmark build waits for both halves (no such wait), and both
-    keep their wgmmas asynchronous without local memory."""
-    from flashinfer_h3.jit import KernelConfig, build_module
-
-    assert bt.sass(so, KERNEL).count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 2 * 2
-    whole = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
-                                           flags={"split_qk_wait": False})))
-    sass = bt.sass(whole, KERNEL)
-    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass
-    assert sass.count("WARPGROUP.ARRIVE") == 2 * 6
-    bt.assert_no_local_memory(whole, KERNEL)
-
-
 def test_128_key_build() -> None:
     """The 128-key tiles (``tile_keys=128``, production until 2026-12-02): 8 SS and 8 RS wgmmas
     a consumer, asynchronous, no local memory."""

@@ -277,7 +277,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys, bool SplitQkWait = (TileKeys == 2 * kTileKeys)>
+          int TileKeys = 2 * kTileKeys>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -294,11 +294,6 @@ struct Fp8Options {
   // keys; the two K-scale blocks of a tile scale its halves).
   // (Inside the struct kTileKeys names this member: the checks spell the 128-key constant out.)
   static constexpr int kTileKeys = TileKeys;
-  // 256-key tiles: the first half's row maxima taken while the second half's QK^T still runs
-  // (finish_qk_256_in_halves) instead of after both (split_qk_wait=False, the benchmark build of
-  // the schedule before; benchmarks/RESULTS.md, eighth session).
-  static constexpr bool kSplitQkWait = SplitQkWait;
-  static_assert(!SplitQkWait || TileKeys == 2 * sm90::kTileKeys, "split_qk_wait: 256-key tiles only");
   static_assert(TileKeys == sm90::kTileKeys || TileKeys == 2 * sm90::kTileKeys, "KV tiles of 128 or 256 keys");
   static_assert(TileKeys == sm90::kTileKeys || (SoftmaxOn && OUpdateOn && !DynamicOrder),
                 "256-key tiles: production arithmetic and the static item order only");
@@ -463,44 +458,6 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   ++slot.index;
 }
 
-// The wait for QK^T of 256-key tile t and its softmax. kSplit (production): wait for the first
-// half only, take its row maxima while the second half runs, then wait for that; the
-// same numbers as finish_qk_256 (the same maxima in the same expression).
-template <bool kSplit, int kPolyExp2Every, class Smem>
-__device__ __forceinline__ void finish_qk_256_in_halves(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
-                                                        uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm,
-                                                        RingSlot& slot, const WorkItem& it, int t, int tiles,
-                                                        float sk0, float sk1, float c, int quad_col) {
-  if constexpr (!kSplit) {
-    ptx::wgmma_wait<0>();
-    finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, c, quad_col);
-  } else {
-    const int valid = it.seg_len - t * 2 * kTileKeys;
-    float mlo[2][2];
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(s_lo);
-    if (valid < kTileKeys) {
-      fp8_half_maxima<true>(s_lo, mlo, valid, quad_col);
-    } else {
-      fp8_half_maxima<false>(s_lo, mlo, valid, quad_col);
-    }
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(s_hi);
-    if (signals_for_warpgroup()) {
-      ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
-      if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
-    }
-    if (valid < 2 * kTileKeys) {
-      fp8_softmax_exp_256_split<true, kPolyExp2Every>(s_lo, s_hi, mlo, st, valid, sk0, sk1, c, quad_col);
-    } else {
-      fp8_softmax_exp_256_split<false, kPolyExp2Every>(s_lo, s_hi, mlo, st, valid, sk0, sk1, c, quad_col);
-    }
-    pack_p(s_lo, pa_lo);
-    pack_p(s_hi, pa_hi);
-    ++slot.index;
-  }
-}
-
 // The consumers with 256-key tiles. A GEMM phase (holding the turn) issues PV(t - 1), waits for
 // it, issues QK^T of tile t's first half, does O = alpha O + Otmp while that runs, then issues
 // the second half into the registers Otmp held: S (128), Otmp (64) and P (32) are never all live
@@ -508,7 +465,9 @@ __device__ __forceinline__ void finish_qk_256_in_halves(float (&s_lo)[64], float
 // needs P, Otmp and half of S at once: ptxas then spilled 200 bytes and serialised the wgmmas.
 // With O in shared memory instead, 64 KB, the first half fits before the wait: 8-10 % slower,
 // the O round trip's shared-memory latency in the GEMM phase and 6 % more instructions cost
-// more than the waits it removed; benchmarks/RESULTS.md, eighth session.)
+// more than the waits it removed. Waiting for the first half alone and taking its row maxima
+// while the second half runs, the same numbers: 2.4-3.7 % slower; benchmarks/RESULTS.md,
+// eighth session.)
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
@@ -549,8 +508,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_lo, q_rows, sm.k[stage][0]);
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
-      finish_qk_256_in_halves<Opt::kSplitQkWait, kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles,
-                                                                 sk0, sk1, p.c, quad_col);
+      ptx::wgmma_wait<0>();
+      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -567,8 +526,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       update_o(o, otmp, st.alpha);
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
-      finish_qk_256_in_halves<Opt::kSplitQkWait, kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles,
-                                                                 sk0, sk1, p.c, quad_col);
+      ptx::wgmma_wait<0>();
+      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
