@@ -21,29 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend
 
 from flashinfer_h3 import benchtools
-from flashinfer_h3.__main__ import PRESETS, _inputs, _operator
-
-
-def _events(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+from flashinfer_h3.__main__ import PRESETS, _inputs, _operator, _time_cuda  # the bench command's
 
 
 def _split(ko: benchtools.KernelOnly, iters: int, warmup: int) -> tuple[list[float], list[float]]:
@@ -84,17 +67,16 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int) -> None:
             ko.prime()
             launch = ko.prepared.launch
             args = (q, k, v, out, ko.scale, ko.bounds, ko.plan, ko.views)
-            rows.setdefault(f"{op} whole call", []).append(statistics.median(
-                _events(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters, 2)))
-            rows.setdefault(f"{op} pre-pass alone", []).append(statistics.median(
-                _events(lambda launch=launch, args=args: launch.prepass_only(*args), iters, 2)))
+            rows.setdefault(f"{op} whole call", []).append(
+                _time_cuda(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters, 2))
+            rows.setdefault(f"{op} pre-pass alone", []).append(
+                _time_cuda(lambda launch=launch, args=args: launch.prepass_only(*args), iters, 2))
             ko.prime()
-            rows.setdefault(f"{op} kernel alone", []).append(statistics.median(
-                _events(ko.run, iters, 2)))
+            rows.setdefault(f"{op} kernel alone", []).append(_time_cuda(ko.run, iters, 2))
             pre, ker = _split(ko, iters, 2)
             rows.setdefault(f"{op} in call: pre-pass", []).append(statistics.median(pre))
             rows.setdefault(f"{op} in call: kernel", []).append(statistics.median(ker))
-        rows.setdefault("cuDNN bf16", []).append(statistics.median(_events(cudnn, iters, 2)))
+        rows.setdefault("cuDNN bf16", []).append(_time_cuda(cudnn, iters, 2))
         print(f"{preset_name}: round {r + 1}/{rounds} done", flush=True)
     yardstick = statistics.median(rows["cuDNN bf16"])
     print(f"{preset_name} ({sum(preset.lengths)} tokens x {preset.heads} heads), median of "

@@ -124,18 +124,18 @@ def test_kernel_only_times_attention_only_after_one_whole_call(monkeypatch) -> N
 def test_prepass_only_runs_the_pre_pass_alone(monkeypatch) -> None:
     """``launch.prepass_only`` (benchmarks/bench_call_breakdown.py) runs the quantisation
     launches and not the attention kernel; an attention_only after it reads what it left."""
-    fake = FakeKernel("fp8")
-    _use(monkeypatch, {"fp8": fake.prepared})
-    q, k, v, _, bounds = _inputs()
-    out = torch.empty_like(q)
-    kernel = benchtools.kernel_only_peer("fp8", q, k, v, bounds, out)
+    fake = FakeKernel("nvfp4")
+    _use(monkeypatch, {"nvfp4": fake.prepared})
+    q, k, v, _, bounds = _inputs((129, 16), heads=1)
+    kernel = benchtools.kernel_only_peer("nvfp4", q, k, v, bounds, torch.empty_like(q))
     assert kernel is not None
     kernel.prime()
-    args = (q, k, v, out, kernel.scale, kernel.bounds, kernel.plan, kernel.views)
+    args = (kernel.q, kernel.k, kernel.v, kernel.out, kernel.scale, kernel.bounds, kernel.plan,
+            kernel.views)
     fake.launch.prepass_only(*args)
     assert fake.calls == ["pre-pass", "attention", "pre-pass"]
     fake.launch.attention_only(*args)
-    assert fake.calls[-1] == "attention" and kernel.matches_whole_call(out)
+    assert fake.calls[-1] == "attention" and kernel.matches_whole_call(kernel.out)
 
 
 def test_kernel_only_reports_an_output_that_differs_from_the_whole_call(monkeypatch) -> None:
