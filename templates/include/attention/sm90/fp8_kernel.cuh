@@ -39,6 +39,7 @@
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
 #include "fp8_softmax.cuh"
+#include "fragment_coords.cuh"
 #include "shared_storage.cuh"
 #include "tile_scheduler.cuh"
 
@@ -303,10 +304,8 @@ template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
   constexpr bool kSoftmax = Opt::kSoftmax, kOUpdate = Opt::kOUpdate;
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const int warp = tid / 32, lane = tid % 32;
-  const int quad_col = 2 * (lane % 4);                      // first of the thread's two columns per chunk
-  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  const FragmentCoords at(consumer);
+  const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;  // 8 KB: still 1024-byte aligned
 
   float s[64], otmp[64], o[64];
@@ -472,10 +471,8 @@ template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
   constexpr int kKeys = 2 * kTileKeys;
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const int warp = tid / 32, lane = tid % 32;
-  const int quad_col = 2 * (lane % 4);
-  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;
+  const FragmentCoords at(consumer);
+  const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
 
   float s_lo[64], s_hi[64], otmp[64], o[64];

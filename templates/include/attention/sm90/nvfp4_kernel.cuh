@@ -36,6 +36,7 @@
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
+#include "fragment_coords.cuh"
 #include "nvfp4_delta.cuh"
 #include "nvfp4_shared_storage.cuh"
 #include "nvfp4_softmax.cuh"
@@ -307,10 +308,8 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
 // stalls, benchmarks/RESULTS.md).
 template <int kVariant, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
-  const int tid = threadIdx.x % kWarpgroupThreads;
-  const int warp = tid / 32, lane = tid % 32;
-  const int quad_col = 2 * (lane % 4);
-  const int row_in_block = 64 * consumer + 16 * warp + lane / 4;  // its rows: this and + 8
+  const FragmentCoords at(consumer);
+  const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
   const uint64_t q_desc = ptx::wgmma_desc_sw128(sm.q[0] + 64 * consumer * 128);
 
