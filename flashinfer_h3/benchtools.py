@@ -347,15 +347,27 @@ class GpuState:
     temperature_c: float
 
 
+def nvidia_smi_device(torch_index: int) -> str:
+    """nvidia-smi's ``-i`` for torch's device ``torch_index``: nvidia-smi counts every GPU of the
+    machine, torch only those of CUDA_VISIBLE_DEVICES, whose entry (an index or a UUID, both of
+    which ``-i`` takes) names the GPU. (With several GPU models, torch's default
+    CUDA_DEVICE_ORDER=FASTEST_FIRST may still differ from nvidia-smi's PCI order.)"""
+    import os
+
+    entries = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    visible = [d.strip() for d in entries if d.strip()]
+    return visible[torch_index] if torch_index < len(visible) else str(torch_index)
+
+
 class GpuSampler:
-    """``with GpuSampler(device_index) as s: ...`` samples the SM clock, board power and GPU
+    """``with GpuSampler(torch_index) as s: ...`` samples the SM clock, board power and GPU
     temperature every 100 ms through ``nvidia-smi`` meanwhile; ``s.state`` is then their
-    medians, or None where nvidia-smi is missing or gave fewer than two samples (the first two
+    medians, or None where nvidia-smi is missing or gave no sample after the first two (which
     see the warm-up start and are dropped)."""
 
-    def __init__(self, device_index: int, period_ms: int = 100) -> None:
+    def __init__(self, torch_index: int, period_ms: int = 100) -> None:
         self.query = [
-            "nvidia-smi", "-i", str(device_index),
+            "nvidia-smi", "-i", nvidia_smi_device(torch_index),
             "--query-gpu=clocks.sm,power.draw,temperature.gpu",
             "--format=csv,noheader,nounits", "-lms", str(period_ms),
         ]

@@ -358,6 +358,7 @@ def test_gpu_sampler_medians_drop_the_warm_up_samples(monkeypatch) -> None:
         started.append(cmd)
         return smi
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
     monkeypatch.setattr(subprocess, "Popen", popen)
     with benchtools.GpuSampler(3) as sampler:
@@ -375,3 +376,12 @@ def test_gpu_sampler_without_nvidia_smi(monkeypatch) -> None:
     with benchtools.GpuSampler(0) as sampler:
         pass
     assert sampler.state is None and cli._state_text(None) == ""
+
+
+def test_nvidia_smi_device_follows_cuda_visible_devices(monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert benchtools.nvidia_smi_device(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert benchtools.nvidia_smi_device(0) == "3" and benchtools.nvidia_smi_device(1) == "5"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a1f0c2e-0000-1111-2222-333344445555")
+    assert benchtools.nvidia_smi_device(0) == "GPU-8a1f0c2e-0000-1111-2222-333344445555"
