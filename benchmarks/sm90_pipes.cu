@@ -9,7 +9,8 @@
 // and wait, softmax, O update, the turn) and which comes from outside it (tiles, L2, power).
 //
 // Build and run on the GPU (benchmarks/h200_session.sh diagnose does both):
-//   nvcc -std=c++17 -O3 -arch=sm_90a -I templates/include benchmarks/sm90_pipes.cu -o /tmp/sm90_pipes
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I templates/include benchmarks/sm90_pipes.cu \
+//       -o /tmp/sm90_pipes
 //   /tmp/sm90_pipes [--json FILE]
 // One CTA of 384 threads per SM, as the kernels: warpgroup 0 gives its registers away and idles,
 // warpgroups 1 and 2 run the roles of an experiment. A "measured" warpgroup times its loop with

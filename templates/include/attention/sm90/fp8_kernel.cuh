@@ -466,7 +466,10 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
 // the O round trip's shared-memory latency in the GEMM phase and 6 % more instructions cost
 // more than the waits it removed. Waiting for the first half alone and taking its row maxima
 // while the second half runs, the same numbers: 2.4-3.7 % slower; benchmarks/RESULTS.md,
-// eighth session.)
+// eighth session. O in shared memory with one PV accumulator per 2 to 64 tiles, so that PV and
+// the first half issue back to back as in cuDNN's kernel: 6-9 % slower, the two consumers'
+// exponentials then queue on MUFU; QK^T as one m64n256k32 chain, the O update before it:
+// 2-3 % slower; ninth session.)
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
