@@ -21,7 +21,7 @@
 // schedule-order block table backwards and launch 3 forwards, so launch 3's first k (and v) rows
 // are the ones launch 1 read last, still in L2. (Q quantised inside the Hopper FP8 kernel
 // instead, launch 1 without Q items: the pre-pass 0.33 ms faster at 61,440 x 56, the kernel
-// 1.6-4.7 % slower; benchmarks/RESULTS.md, ninth session.)
+// 1.1-4.7 % slower; benchmarks/RESULTS.md, ninth session.)
 //
 // A 61k-token segment is never summed by one CTA: launch 1's block statistics are fully parallel
 // and launch 2 adds the ~500 block partials of a channel in 32 parallel slices. Every sum has a
