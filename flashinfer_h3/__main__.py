@@ -461,10 +461,6 @@ def _timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, Any]:
     return ms, sampler.state
 
 
-def _rounds_text(rounds: int) -> str:
-    return "" if rounds == 1 else f", in {rounds} rounds (every row in turn; their median)"
-
-
 def _state_text(state: Any) -> str:
     if state is None:
         return ""
@@ -666,7 +662,7 @@ def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     _print(
         f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
         f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
-        f"after {args.warmup} warm-up{_rounds_text(args.rounds)}, whole call "
+        f"after {args.warmup} warm-up{benchtools.rounds_note(args.rounds)}, whole call "
         f"({KERNEL_ONLY_NOTE}); accuracy: relative L2 vs the FP32 oracle on up to "
         f"{benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
     )

@@ -485,7 +485,9 @@ def plot(payload: dict[str, Any], path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _rounds_note(rounds: int) -> str:
+def rounds_note(rounds: int) -> str:
+    """What ``bench --rounds`` did, as a clause after "median of N runs after W warm-up" (empty
+    for one round): the bench's header line and the markdown table say it alike."""
     return "" if rounds == 1 else f", every row timed in {rounds} rounds in turn (their median)"
 
 
@@ -495,7 +497,7 @@ def markdown_table(payload: dict[str, Any]) -> str:
     lines = [
         f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}, "
         f"{payload.get('date', 'date unknown')}; {versions}; median of {payload.get('iters')} "
-        f"runs after {payload.get('warmup')} warm-up{_rounds_note(payload.get('rounds', 1))}, "
+        f"runs after {payload.get('warmup')} warm-up{rounds_note(payload.get('rounds', 1))}, "
         f"seed {payload.get('seed')}.",
         "",
         "| preset | implementation | ms | TFLOP/s | x cuDNN | rel L2 vs FP32 oracle |",
