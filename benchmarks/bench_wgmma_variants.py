@@ -17,6 +17,8 @@ as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and regis
 the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
 other way round), ``smem_carveout``
 (the preferred shared-memory carveout).
+FP8 also: the production build with its CTAs striding over the items (``--only striding``),
+against the plan's balanced item schedule (flashinfer_h3/plan.py item_schedule).
 benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
 accumulators over several tiles, a row-split softmax, waits and releases, a second Q block).
 Outputs of the delta / softmax / O-update builds are not attention; their times say what each
@@ -100,6 +102,16 @@ def timed_with_clocks(
     return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
 
 
+def striding_plan(plan: Any) -> Any:
+    """A copy of an eager CUDA plan whose FP8 item schedule is striding (plan.striding_schedule)."""
+    from flashinfer_h3.plan import Plan, striding_schedule
+
+    ctas = plan.tables["cta_begin"].numel() - 1
+    flat = striding_schedule(plan.tables["cta_items"].numel(), ctas, plan.device)
+    tables = {**plan.tables, "cta_begin": flat[: ctas + 1], "cta_items": flat[ctas + 1 :]}
+    return Plan(plan.host, plan.device, plan.heads, tables)
+
+
 def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:
     """The builds of ``op`` that ``--only`` selects (the production build always)."""
     return [(name, flags) for name, flags in VARIANTS[op].items()
@@ -143,6 +155,18 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
             rel = ((result.float() - ref).norm() / ref.norm()).item()
             diff = f", rel L2 vs production {rel:.2e}"
         builds.append((name, ko, diff))
+    if op == "fp8" and production is not None and (not only or "striding" in only):
+        # The production build with the CTAs striding over the items (CTA b takes b, b + G, ...;
+        # the order before the plan's balanced schedule, and a captured call's): same kernel,
+        # other item lists.
+        module = load_so(selected[0][1])
+        prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
+        ko = KernelOnly(op, prepared, q, k, v, out, bounds, 128**-0.5)
+        ko.prime()
+        ko.plan = striding_plan(ko.plan)
+        result = ko.run().clone()
+        rel = ((result.float() - production.float()).norm() / production.float().norm()).item()
+        builds.append(("production, striding item order", ko, f", rel L2 vs production {rel:.2e}"))
     times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in builds]
     for _ in range(rounds):
         for i, (_, ko, _) in enumerate(builds):

@@ -513,13 +513,14 @@ def mma_sync_fp8_launcher(module: Any, backend: Backend) -> Launch:
 
 def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     """The FP8 pre-pass and the Hopper wgmma FP8 kernel of module ``fp8_wgmma``. The kernel also
-    takes the plan's used V columns (``vkey_start[S]``): its V tensor map ends there."""
+    takes the plan's item schedule (its CTAs' lists of items, :func:`plan.item_schedule`) and
+    used V columns (``vkey_start[S]``): its V tensor map ends there."""
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, item_counter
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
         operands, counter = views[:7], views[7]
-        return ((*tables, *operands), (*operands[1:], *tables, counter),
+        return ((*tables, *operands), (*operands[1:], *tables, counter, *plan.schedule),
                 (plan.host.vkey_start[-1],))
 
     return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)

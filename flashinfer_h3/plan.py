@@ -12,7 +12,13 @@ qblock_start   [S + 1]         canonical index of segment ``s``'s first 128-row 
 qblocks        [NQB, 4]        one row per 128-row block, in *schedule order* (longest segment
                                first, ties by segment index, then block index):
                                ``(segment, row_begin, row_end, canonical_index)``
+cta_begin      [G + 1]         CUDA plans only: the static item order of the Hopper FP8 kernel
+cta_items      [NQB * heads]   (:func:`item_schedule`): CTA ``b`` of its ``G`` runs items
+                               ``cta_items[cta_begin[b]:cta_begin[b + 1]]`` in that order
 =============  ==============  =============================================================
+
+An *item* is one (128-row block, head): item ``w`` is block ``w % NQB`` (schedule order) of head
+``w // NQB``.
 
 ``NQB = qblock_start[S]`` is the number of non-empty 128-row blocks (``<= layout.q_blocks_cap``).
 Empty segments own no block and no V column.
@@ -35,6 +41,8 @@ Where the device tables live
 
 from __future__ import annotations
 
+import functools
+import heapq
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -47,6 +55,12 @@ from .workspace import cache_empty
 
 PLAN_CACHE_SIZE = 512
 TABLE_NAMES = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
+#: The cost model of :func:`item_schedule`: an item of a segment of L keys costs
+#: ``ceil(L / SCHEDULE_TILE_KEYS) + SCHEDULE_ITEM_COST`` units, the Hopper FP8 kernel's 256-key
+#: KV tiles plus what an item's start and end cost it (its first QK^T and last PV run without the
+#: other GEMM beside them, the epilogue, the next item's table and scale loads), about two tiles.
+SCHEDULE_TILE_KEYS = 256
+SCHEDULE_ITEM_COST = 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,61 @@ class HostPlan:
         return flat
 
 
+def item_schedule(host: HostPlan, heads: int, ctas: int) -> list[int]:
+    """The static item order of ``ctas`` persistent CTAs: ``cta_begin`` (``ctas + 1`` offsets)
+    followed by ``cta_items`` (every item once), as one list.
+
+    Items are dealt in item order (head-major, longest segment first within a head), each to the
+    CTA with the least work so far (ties: the lowest index), under the cost model above: what
+    the dynamic order of the NVFP4 kernel does at run time, without its atomics and hand-off. So
+    the CTAs running at one time still share one or two heads' K and V through L2, and their
+    last items end together: on h3-mix's packed lengths the CTA with the most work has 0.1 %
+    more than the mean, against 1.3 % for striding (CTA b taking b, b + G, ...); on equal items
+    both orders are the same.
+    """
+    if ctas < 1:
+        raise ValueError(f"ctas must be >= 1, got {ctas}")
+    nqb = host.num_qblocks
+    lengths = [host.bounds[s + 1] - host.bounds[s] for s in range(host.num_segments)]
+    cost = [-(-lengths[blk[0]] // SCHEDULE_TILE_KEYS) + SCHEDULE_ITEM_COST for blk in host.qblocks]
+    runs: list[list[int]] = [[] for _ in range(ctas)]
+    load = [(0, b) for b in range(ctas)]  # a heap of (work so far, CTA)
+    for w in range(nqb * heads):
+        work, b = load[0]
+        runs[b].append(w)
+        heapq.heapreplace(load, (work + cost[w % nqb], b))
+    begin = [0]
+    for run in runs:
+        begin.append(begin[-1] + len(run))
+    return begin + [w for run in runs for w in run]
+
+
+def striding_schedule(items: int, ctas: int, device: torch.device) -> torch.Tensor:
+    """:func:`item_schedule`'s layout for striding (CTA ``b`` takes items ``b, b + ctas, ...``),
+    computed on ``device`` by capturable ops from the two sizes alone: the order of a call being
+    captured into a CUDA graph, whose tables a replay rebuilds from ``cu_seqlens``
+    (:func:`captured_plan`). Every item once for any contents, so the kernel's work is complete."""
+    i64 = torch.int64
+    b = torch.arange(ctas, dtype=i64, device=device)
+    count = (items - b + ctas - 1) // ctas
+    begin = torch.nn.functional.pad(count.cumsum(0), (1, 0))
+    i = torch.arange(items, dtype=i64, device=device)
+    cta = torch.searchsorted(begin[1:], i, right=True)
+    order = cta + ctas * (i - begin.index_select(0, cta))
+    return torch.cat((begin, order)).to(torch.int32)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def schedule_ctas(host: HostPlan, heads: int, device: torch.device) -> int:
+    """The number of persistent CTAs of the Hopper FP8 kernel on ``device``: one per SM, at most
+    one per item (and one for a plan without items, which launches nothing)."""
+    return max(1, min(host.num_qblocks * heads, _sm_count(device.index)))
+
+
 def build_host_plan(bounds: Sequence[int]) -> HostPlan:
     """Tables of a validated, non-decreasing ``cu_seqlens`` starting at 0."""
     bounds = tuple(int(b) for b in bounds)
@@ -98,14 +167,22 @@ def build_host_plan(bounds: Sequence[int]) -> HostPlan:
     return HostPlan(bounds, tuple(vkey_start), tuple(qblock_start), tuple(schedule))
 
 
-def _split_tables(flat: torch.Tensor, host: HostPlan) -> dict[str, torch.Tensor]:
+def _split_tables(flat: torch.Tensor, host: HostPlan, heads: int = 0) -> dict[str, torch.Tensor]:
+    """The tables of ``flat`` (:meth:`HostPlan.flat_tables`, then, where it is longer, the item
+    schedule of :func:`item_schedule` for ``heads`` heads)."""
     n = host.num_segments + 1
-    return {
+    end = 3 * n + 4 * host.num_qblocks
+    tables = {
         "seg_bounds": flat[0:n],
         "vkey_start": flat[n : 2 * n],
         "qblock_start": flat[2 * n : 3 * n],
-        "qblocks": flat[3 * n :].view(host.num_qblocks, 4),
+        "qblocks": flat[3 * n : end].view(host.num_qblocks, 4),
     }
+    if flat.numel() > end:
+        ctas = flat.numel() - end - 1 - host.num_qblocks * heads
+        tables["cta_begin"] = flat[end : end + ctas + 1]
+        tables["cta_items"] = flat[end + ctas + 1 :]
+    return tables
 
 
 def _stream_key(device: torch.device) -> int:
@@ -137,16 +214,25 @@ class Plan:
         t = self.tables
         return (t["seg_bounds"], t["vkey_start"], t["qblock_start"], t["qblocks"])
 
+    @property
+    def schedule(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cta_begin, cta_items)``: the Hopper FP8 kernel's item order (CUDA plans only;
+        :func:`item_schedule`, or striding for a call being captured)."""
+        if "cta_begin" not in self.tables:
+            raise ValueError(f"a plan on {self.device} has no item schedule (CUDA plans only)")
+        return self.tables["cta_begin"], self.tables["cta_items"]
+
     @classmethod
     def create(cls, host: HostPlan, heads: int, device: torch.device) -> Plan:
         """Upload ``host``'s tables to ``device`` on the current stream, without a host sync.
 
         Not for use during CUDA graph capture (see :func:`captured_plan`).
         """
-        cpu = torch.tensor(host.flat_tables(), dtype=torch.int32)
         if device.type != "cuda":
+            cpu = torch.tensor(host.flat_tables(), dtype=torch.int32)
             return cls(host, device, heads, _split_tables(cpu, host))
-        cpu = cpu.pin_memory()
+        schedule = item_schedule(host, heads, schedule_ctas(host, heads, device))
+        cpu = torch.tensor(host.flat_tables() + schedule, dtype=torch.int32).pin_memory()
         # A long-lived cache entry: allocated outside any graph memory pool (see cache_empty),
         # on a stream that need not be this one, hence the record_stream (a no-op when it is):
         # after an eviction the allocator must not reuse the block before this stream's reads.
@@ -156,7 +242,7 @@ class Plan:
         dev.record_stream(stream)
         event = torch.cuda.Event()
         event.record(stream)
-        plan = cls(host, device, heads, _split_tables(dev, host), cpu, event)
+        plan = cls(host, device, heads, _split_tables(dev, host, heads), cpu, event)
         plan._ready_streams.add(_stream_key(device))
         return plan
 
@@ -280,8 +366,14 @@ def captured_plan(bounds: tuple[int, ...], heads: int, cu_seqlens: torch.Tensor)
 
     Nothing is added to :data:`PLANS` and nothing outlives the call: the tables are built on the
     device from ``cu_seqlens`` (:func:`device_flat_tables`) into memory of the capture's pool,
-    freed when the caller drops the plan. Each replay rebuilds them before the kernels run.
+    freed when the caller drops the plan. Each replay rebuilds them before the kernels run. Its
+    item schedule is striding (:func:`striding_schedule`): the balanced one depends on the
+    lengths, which a replay may change, and would have to be uploaded from the host.
     """
     host = build_host_plan(bounds)
     flat = device_flat_tables(cu_seqlens, host.tokens, host.num_qblocks)
-    return Plan(host, cu_seqlens.device, heads, _split_tables(flat, host), captured=True)
+    device = cu_seqlens.device
+    if device.type == "cuda":
+        ctas = schedule_ctas(host, heads, device)
+        flat = torch.cat((flat, striding_schedule(host.num_qblocks * heads, ctas, device)))
+    return Plan(host, device, heads, _split_tables(flat, host, heads), captured=True)

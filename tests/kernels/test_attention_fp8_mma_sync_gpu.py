@@ -40,7 +40,7 @@ from test_attention_nvfp4_gpu import GUARD_ROWS, POISON, bounds_of, cosine, make
 
 from flashinfer_h3 import reference as R
 from flashinfer_h3.layout import fp8_layout
-from flashinfer_h3.plan import HostPlan, build_host_plan
+from flashinfer_h3.plan import HostPlan, build_host_plan, item_schedule
 
 pytestmark = pytest.mark.gpu
 
@@ -122,20 +122,36 @@ def prepare(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boun
     return call
 
 
+def schedule_of(call: Call, ctas: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Hopper kernel's item order for ``call``: the plan's balanced one
+    (:func:`item_schedule`) over ``ctas`` CTAs (default: the plan's count for this GPU)."""
+    from flashinfer_h3.plan import schedule_ctas
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    if ctas is None:
+        ctas = schedule_ctas(call.host, call.heads, dev)
+    flat = torch.tensor(item_schedule(call.host, call.heads, ctas), dtype=torch.int32, device=dev)
+    return flat[: ctas + 1], flat[ctas + 1 :]
+
+
 def run_kernel(module: Any, call: Call, scale: float = DEFAULT_SCALE,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """The kernel's output; a fresh one is NaN-poisoned with NaN guard rows behind it."""
+               out: torch.Tensor | None = None,
+               schedule: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The kernel's output; a fresh one is NaN-poisoned with NaN guard rows behind it.
+    ``schedule``: the Hopper kernel's item order (default :func:`schedule_of`)."""
     if out is None:
         buf = torch.full((call.tokens + GUARD_ROWS, call.heads, 128), math.nan,
                          dtype=torch.bfloat16, device="cuda")
         out = buf[: call.tokens]
         out.guard = buf[call.tokens :]  # type: ignore[attr-defined]
     if hasattr(module, "attention_fp8_wgmma"):  # the Hopper kernel (module fp8_wgmma) also
-        # takes its dynamic item order's counter (any value: the binding zeroes it) and the plan's
-        # used V columns; tests/kernels/test_attention_fp8_wgmma_gpu.py reruns this file's
-        # kernel-independent cases on it.
+        # takes its dynamic item order's counter (any value: the binding zeroes it), its CTAs'
+        # item lists and the plan's used V columns; tests/kernels/test_attention_fp8_wgmma_gpu.py
+        # reruns this file's kernel-independent cases on it.
         counter = torch.full((1,), 0x7F7F7F7F, dtype=torch.int32, device="cuda")
-        module.attention_fp8_wgmma(out, *call.kernel_args(), counter, scale,
+        if schedule is None:
+            schedule = schedule_of(call)
+        module.attention_fp8_wgmma(out, *call.kernel_args(), counter, *schedule, scale,
                                    call.host.vkey_start[-1])
     else:
         module.attention_fp8_mma_sync(out, *call.kernel_args(), scale)

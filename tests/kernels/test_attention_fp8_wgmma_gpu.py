@@ -53,16 +53,78 @@ def module() -> Any:
 def test_item_counter_checks(module: Any) -> None:
     """The binding names a wrong item counter (dtype, device, size): the dynamic item order's
     builds draw from it (a poisoned one works: the binding zeroes it before such a launch)."""
-    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, run_kernel
+    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, run_kernel, schedule_of
 
     call, _ = _call(module, [40], 2, seed=3)
     out = torch.empty(40, 2, 128, dtype=torch.bfloat16, device="cuda")
     used = call.host.vkey_start[-1]
+    schedule = schedule_of(call)
     for bad in (torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32),
                 torch.zeros(0, dtype=torch.int32, device="cuda")):
         with pytest.raises(ValueError, match="item_counter"):
-            module.attention_fp8_wgmma(out, *call.kernel_args(), bad, DEFAULT_SCALE, used)
+            module.attention_fp8_wgmma(out, *call.kernel_args(), bad, *schedule, DEFAULT_SCALE,
+                                       used)
     assert torch.isfinite(run_kernel(module, call)).all()
+
+
+def test_item_schedule_checks(module: Any) -> None:
+    """The binding names a wrong item schedule: ``cta_begin`` of another dtype, on the CPU or
+    without a CTA, ``cta_items`` not one entry per item."""
+    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, schedule_of
+
+    call, _ = _call(module, [40, 300], 2, seed=3)
+    out = torch.empty(340, 2, 128, dtype=torch.bfloat16, device="cuda")
+    used = call.host.vkey_start[-1]
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    begin, items = schedule_of(call)
+    cases = [(begin.long(), items, "cta_begin"), (begin.cpu(), items, "cta_begin"),
+             (begin[:1], items, "cta_begin"), (begin, items[:-1], "cta_items"),
+             (begin, items.long(), "cta_items")]
+    for b, i, name in cases:
+        with pytest.raises(ValueError, match=name):
+            module.attention_fp8_wgmma(out, *call.kernel_args(), counter, b, i, DEFAULT_SCALE, used)
+
+
+@pytest.mark.parametrize("lengths", [[1, 16, 0, 145, 138, 400, 800], [9000, 300, 5000, 2084]],
+                         ids=["packed", "mixed-16384"])
+def test_any_item_schedule_same_output(module: Any, lengths: list[int]) -> None:
+    """The output does not depend on which CTA runs which item, or in which order: the plan's
+    balanced schedule, striding (a captured call's), one CTA running every item backwards, more
+    CTAs than SMs, and a random assignment to 7 CTAs all give the same bits."""
+    import random
+
+    from test_attention_fp8_mma_sync_gpu import _call, run_kernel
+
+    from flashinfer_h3.plan import striding_schedule
+
+    call, _ = _call(module, lengths, 3, seed=11)
+    items = call.host.num_qblocks * 3
+    dev = torch.device("cuda", torch.cuda.current_device())
+
+    def split(flat: list[int] | torch.Tensor, ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = torch.as_tensor(flat, dtype=torch.int32).to(dev)
+        return flat[: ctas + 1], flat[ctas + 1 :]
+
+    rng = random.Random(5)
+    owner = [rng.randrange(7) for _ in range(items)]
+    runs = [[w for w in range(items) if owner[w] == b] for b in range(7)]
+    for run in runs:
+        rng.shuffle(run)
+    begin = [0]
+    for run in runs:
+        begin.append(begin[-1] + len(run))
+    schedules = {
+        "striding": split(striding_schedule(items, 132, dev), 132),
+        "one CTA, backwards": split([0, items, *range(items - 1, -1, -1)], 1),
+        "600 CTAs": split(striding_schedule(items, 600, dev), 600),
+        "random, 7 CTAs": split(begin + [w for run in runs for w in run], 7),
+    }
+    base = run_kernel(module, call)
+    assert torch.isfinite(base).all()
+    for name, schedule in schedules.items():
+        got = run_kernel(module, call, schedule=schedule)
+        assert torch.equal(got, base), name
+        assert torch.isnan(got.guard).all(), name  # type: ignore[attr-defined]
 
 
 def test_public_operator_auto_backend(module: Any) -> None:

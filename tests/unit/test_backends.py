@@ -233,9 +233,11 @@ class Recorder:
 
 
 class FakePlan:
-    """The parts of a Plan a launcher reads: the device tables and the used V columns."""
+    """The parts of a Plan a launcher reads: the device tables, the FP8 Hopper kernel's item
+    schedule and the used V columns."""
 
     args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
+    schedule = ("cta_begin", "cta_items")
     host = type("Host", (), {"vkey_start": (0, 64, 192)})()
 
 
@@ -249,7 +251,7 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
         "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
         "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
         "mma_sync_fp8": (list(FakePlan.args), [], 0.5, ()),
-        "wgmma_fp8": (list(FakePlan.args), ["item_counter"], 0.5, (192,)),
+        "wgmma_fp8": (list(FakePlan.args), ["item_counter", "cta_begin", "cta_items"], 0.5, (192,)),
     }
     for op in backends.OPERATORS:
         for b in backends.backends(op):

@@ -1,8 +1,9 @@
 // The Hopper FP8 attention kernel (docs/spec.md section 4): warp-specialised, E4M3 wgmma for both
 // products, FP32 softmax, BF16 output.
 //
-// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (static striding; the
-// dynamic order measured 2-4 % slower here, benchmarks/RESULTS.md), one CTA per SM:
+// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (a static order the host
+// balances, ItemSchedule; the dynamic order measured 2-4 % slower here, benchmarks/RESULTS.md),
+// one CTA per SM:
 //   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
 //              completing on mbarriers; gives most of its registers away (setmaxnreg)
 //   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile of 256 keys (two
@@ -64,6 +65,7 @@ struct Fp8Params {
   const float* v_scales;  // [S, H, 128]
   __nv_bfloat16* out;     // [T, H, 128]
   int* item_counter;      // the dynamic item order's counter, zero at launch (tile_scheduler.cuh)
+  ItemSchedule schedule;  // the static order: each CTA's list of items (tile_scheduler.cuh)
   int tokens;
   int k_scale_stride;
   float c;  // fp32(softmax_scale) * fp32(log2 e)
@@ -114,8 +116,9 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
   RingSlot slot;
   uint32_t items = 0;
   if constexpr (!kDynamic) {
-    for (int w = blockIdx.x; w < num_items(p.plan); w += gridDim.x, ++items) {
-      const WorkItem it = work_item(p.plan, w);
+    // The list's end read again at each item (L1): the producer's 24 registers hold no more.
+    for (int i = p.schedule.begin(); i < p.schedule.end(); ++i, ++items) {
+      const WorkItem it = work_item(p.plan, p.schedule.item(i));
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
       produce_item<kWaitSleepNs, false>(sm, tm_q, tm_k, tm_v, it, slot);
     }
@@ -321,7 +324,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
 
   RingSlot slot;
   uint32_t items = 0;
-  for (int w = blockIdx.x;; ++items) {
+  int i = Opt::kDynamic ? 0 : p.schedule.begin();
+  for (int w = blockIdx.x;; ++items, ++i) {
     WorkItem it;
     if constexpr (Opt::kDynamic) {
       // The producer's item, published by the q_full arrival (tile_scheduler.cuh).
@@ -330,9 +334,10 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
       if (w >= num_items(p.plan)) break;
       it = work_item(p.plan, w);
     } else {
-      // w / num_qblocks < heads is w < num_items (w >= 0, num_qblocks >= 1) without the product
-      // num_items held in a register across the items; the quotient is work_item's head.
-      if (w / p.plan.num_qblocks >= p.plan.heads) break;
+      // The static order: the CTA's list (i counts through it); the end and the item are read
+      // again at each item (L1-resident) rather than held across the tile loop.
+      if (i >= p.schedule.end()) break;
+      w = p.schedule.item(i);
       it = work_item(p.plan, w);
     }
     const int row0 = it.row_begin + row_in_block;
@@ -378,7 +383,6 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
     // order's slot may hold the next item by now): keeping them live across the tile loop costs
     // registers the loop needs.
     store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
-    if constexpr (!Opt::kDynamic) w += gridDim.x;
   }
   turn.finish();
 }
@@ -487,9 +491,11 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
 
   RingSlot slot;
   uint32_t items = 0;
-  for (int w = blockIdx.x;; ++items) {
-    if (w / p.plan.num_qblocks >= p.plan.heads) break;
-    const WorkItem it = work_item(p.plan, w);
+  for (int i = p.schedule.begin();; ++i, ++items) {
+    // The list's end and the item again from the (L1-resident) table, as the item loop's
+    // condition of before: no value but i is held across the tile loop.
+    if (i >= p.schedule.end()) break;
+    const WorkItem it = work_item(p.plan, p.schedule.item(i));
     const int row0 = it.row_begin + row_in_block;
     const float* qs = p.q_scales + head_offset(it.head, p.tokens);
     st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
@@ -539,8 +545,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       release_pv_256(otmp, pa_lo, pa_hi, sm, pv_stage);
       update_o(o, otmp, st.alpha);
     }
-    store_output(o, st, work_item(p.plan, w), row0, p, quad_col);
-    w += static_cast<int>(ptx::grid_ctas_x());
+    store_output(o, st, work_item(p.plan, p.schedule.item(i)), row0, p, quad_col);
   }
   turn.finish();
 }

@@ -7,8 +7,13 @@
 // Empty segments own no block, so they cost nothing.
 //
 // Which CTA takes which item:
-// - static (the FP8 kernel's production order): CTA b takes w = b, b + G, b + 2G, ...
+// - striding (the NVFP4 kernel's static builds): CTA b takes w = b, b + G, b + 2G, ...
 //   (G = gridDim.x);
+// - a host-made list (the FP8 kernel's order, ItemSchedule): CTA b takes the items of its run
+//   of the plan's cta_items table. flashinfer_h3/plan.py deals the items in order to the CTA
+//   with the least work so far (in 256-key tiles plus an item's fixed cost), the balance of the
+//   dynamic order without its per-item atomic and hand-off; a call captured into a CUDA graph
+//   gets striding in this form (plan.striding_schedule);
 // - dynamic (the NVFP4 kernel's): CTA b takes w = b first, then G + the next value of a global
 //   counter (the workspace's item_counter; the binding zeroes it before each launch), drawn by
 //   the producer thread once it has issued the copies of its current item's last tile. A CTA
@@ -78,6 +83,17 @@ __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
   it.canonical = __ldg(b + 3);
   return it;
 }
+
+// A static order computed by the host (flashinfer_h3/plan.py): CTA b takes the items
+// items[cta_begin[b]] .. items[cta_begin[b + 1] - 1], in that order.
+struct ItemSchedule {
+  const int32_t* cta_begin;  // [gridDim.x + 1]
+  const int32_t* items;      // [num_items], each CTA's run in turn
+
+  __device__ __forceinline__ int begin() const { return __ldg(cta_begin + blockIdx.x); }
+  __device__ __forceinline__ int end() const { return __ldg(cta_begin + blockIdx.x + 1); }
+  __device__ __forceinline__ int item(int i) const { return __ldg(items + i); }
+};
 
 // The dynamic order's shared-memory hand-off: the producer writes the index of the item it
 // starts before the q_full arrival that publishes it; every reader thread reads it right after
