@@ -84,6 +84,9 @@ class Call:
     host: HostPlan
     tables: tuple[torch.Tensor, ...]  # seg_bounds, vkey_start, qblock_start, qblocks
     views: dict[str, torch.Tensor]
+    # The Hopper kernel's item order (schedule_of), made with the call: a CUDA-graph capture
+    # cannot upload it.
+    schedule: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
         v = self.views
@@ -110,6 +113,7 @@ def prepare(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boun
     ws = torch.full((max(layout.total_bytes, 1),), POISON, dtype=torch.uint8, device="cuda")
     views = layout.views(ws)
     call = Call(T, H, bounds, host, device_tables(host), views)
+    call.schedule = schedule_of(call)
     if source == "prepass":
         if T:
             module.quantize_fp8(q, k, v, *call.tables, *(views[n] for n in REGIONS))
@@ -150,7 +154,7 @@ def run_kernel(module: Any, call: Call, scale: float = DEFAULT_SCALE,
         # reruns this file's kernel-independent cases on it.
         counter = torch.full((1,), 0x7F7F7F7F, dtype=torch.int32, device="cuda")
         if schedule is None:
-            schedule = schedule_of(call)
+            schedule = call.schedule if call.schedule is not None else schedule_of(call)
         module.attention_fp8_wgmma(out, *call.kernel_args(), counter, *schedule, scale,
                                    call.host.vkey_start[-1])
     else:
