@@ -7,11 +7,14 @@ build's (rel L2; 0 means the same numbers). NVFP4 builds: ``quantize_p=False`` (
 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their products),
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
 P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
-FMUL instead of 1 / s folded into the exponentials), ``k_stages`` / ``v_stages`` (the K and V
+FMUL instead of 1 / s folded into the exponentials), ``kv_copies=False`` (as FP8's, below),
+``k_stages`` / ``v_stages`` (the K and V
 ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile),
 ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production 64,
 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
-as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers). Both:
+as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers);
+``kv_copies=False`` (K and V copied into each ring slot once, later tiles
+reuse it: what their way from L2 costs, energy included). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
 the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
@@ -48,6 +51,7 @@ from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the b
 from flashinfer_h3.benchtools import GpuSampler, KernelOnly
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
+from flashinfer_h3.plan import cluster_ctas_of, with_schedule
 
 MODULES = {"nvfp4": ("nvfp4_wgmma", "wgmma_fp16_nvfp4"), "fp8": ("fp8_wgmma", "wgmma_fp8")}
 
@@ -68,9 +72,12 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "ring depths K 3, V 2": {"k_stages": 3},
         "largest shared-memory carveout": {"smem_carveout": 100},
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
+        "benchmark build: K and V copied once per ring slot": {"kv_copies": False},
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
+        "clusters of 2 CTAs sharing each K/V tile copy": {"cluster_ctas": 2},
+        "clusters of 2 CTAs, ring depth 3": {"cluster_ctas": 2, "stages": 3},
         "128-key tiles, 1 in 32 exp2 on FMA (production until 2026-12-02)": T128,
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "4 in 128 exp2 on FMA": {"poly_exp2_every": 32},
@@ -80,6 +87,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "producer's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
         "ring depth 3": {"stages": 3},
         "largest shared-memory carveout": {"smem_carveout": 100},
+        "benchmark build: K and V copied once per ring slot": {"kv_copies": False},
         "128-key tiles: dynamic item order (the NVFP4 kernel's: a counter)": {
             **T128, "dynamic_schedule": True},
         "128-key tiles: benchmark build: no softmax (S packed as P)": {**T128, "softmax": False},
@@ -100,16 +108,6 @@ def timed_with_clocks(
     if sampler.state is None:
         return ms, None, None
     return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
-
-
-def striding_plan(plan: Any) -> Any:
-    """A copy of an eager CUDA plan whose FP8 item schedule is striding (plan.striding_schedule)."""
-    from flashinfer_h3.plan import Plan, striding_schedule
-
-    ctas = plan.tables["cta_begin"].numel() - 1
-    flat = striding_schedule(plan.tables["cta_items"].numel(), ctas, plan.device)
-    tables = {**plan.tables, "cta_begin": flat[: ctas + 1], "cta_items": flat[ctas + 1 :]}
-    return Plan(plan.host, plan.device, plan.heads, tables)
 
 
 def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -146,6 +144,11 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         # Every build's prime() runs the same production pre-pass into the same workspace views.
         ko = KernelOnly(op, prepared, q, k, v, out, bounds, 128**-0.5)
         ko.prime()
+        if op == "fp8" and name == selected[0][0]:
+            dev = torch.cuda.current_device()
+            print(f"fp8 production build: {cluster_ctas_of(module)} CTAs a cluster, "
+                  f"{module.attention_fp8_wgmma_max_active_clusters(dev)} clusters at once, "
+                  f"schedule of {ko.plan.tables['cta_begin'].numel() - 1} CTAs", flush=True)
         result = ko.run().clone()
         diff = ""
         if production is None:
@@ -163,7 +166,7 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
         ko = KernelOnly(op, prepared, q, k, v, out, bounds, 128**-0.5)
         ko.prime()
-        ko.plan = striding_plan(ko.plan)
+        ko.plan = with_schedule(ko.plan, cluster_ctas_of(module), striding=True)
         result = ko.run().clone()
         rel = ((result.float() - production.float()).norm() / production.float().norm()).item()
         builds.append(("production, striding item order", ko, f", rel L2 vs production {rel:.2e}"))

@@ -513,14 +513,19 @@ def mma_sync_fp8_launcher(module: Any, backend: Backend) -> Launch:
 
 def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
     """The FP8 pre-pass and the Hopper wgmma FP8 kernel of module ``fp8_wgmma``. The kernel also
-    takes the plan's item schedule (its CTAs' lists of items, :func:`plan.item_schedule`) and
-    used V columns (``vkey_start[S]``): its V tensor map ends there."""
+    takes the plan's item schedule (its CTAs' lists of items, :func:`plan.item_schedule`, for
+    the build's CTAs a cluster: :meth:`plan.Plan.schedule_for`) and used V columns
+    (``vkey_start[S]``): its V tensor map ends there."""
+    from .plan import cluster_ctas_of
+
+    cluster_ctas = cluster_ctas_of(module)  # production: the plans' own (FP8_CLUSTER_CTAS)
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         # views: kbar, q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, item_counter
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
         operands, counter = views[:7], views[7]
-        return ((*tables, *operands), (*operands[1:], *tables, counter, *plan.schedule),
+        schedule = plan.schedule_for(cluster_ctas)
+        return ((*tables, *operands), (*operands[1:], *tables, counter, *schedule),
                 (plan.host.vkey_start[-1],))
 
     return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)

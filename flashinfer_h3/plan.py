@@ -18,7 +18,9 @@ cta_items      [NQB * heads]   (:func:`item_schedule`): CTA ``b`` of its ``G`` r
 =============  ==============  =============================================================
 
 An *item* is one (128-row block, head): item ``w`` is block ``w % NQB`` (schedule order) of head
-``w // NQB``.
+``w // NQB``. (The FP8 kernel's benchmark build with clusters of two CTAs takes another schedule,
+:meth:`Plan.schedule_for`: :func:`block_pairs` dealt to clusters, ``cta_items`` of
+``2 * NQB * heads`` entries.)
 
 ``NQB = qblock_start[S]`` is the number of non-empty 128-row blocks (``<= layout.q_blocks_cap``).
 Empty segments own no block and no V column.
@@ -47,6 +49,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,6 +64,14 @@ TABLE_NAMES = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
 #: other GEMM beside them, the epilogue, the next item's table and scale loads), about two tiles.
 SCHEDULE_TILE_KEYS = 256
 SCHEDULE_ITEM_COST = 2
+#: CTAs of a cluster of the production Hopper FP8 kernel, whose schedule every plan carries: 1.
+#: The benchmark build ``cluster_ctas=2`` runs pairs of query blocks of one segment and head that
+#: share every K/V tile copy (templates/include/attention/sm90/tile_scheduler.cuh); it measured
+#: no faster (benchmarks/RESULTS.md, twelfth session) and takes :meth:`Plan.schedule_for`'s.
+FP8_CLUSTER_CTAS = 1
+#: The flag of a pair's second entry that has no block of its own (a segment's odd last block):
+#: that CTA runs the tiles for the shared copies and stores nothing (kNoRows in the kernel).
+NO_ROWS = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -95,9 +106,31 @@ class HostPlan:
         return flat
 
 
-def item_schedule(host: HostPlan, heads: int, ctas: int) -> list[int]:
+def block_pairs(host: HostPlan, heads: int) -> list[tuple[int, int]]:
+    """The FP8 kernel's units of work with clusters of two CTAs, in item order: each pair of
+    consecutive blocks of one segment and head as two items, the second flagged :data:`NO_ROWS`
+    (and equal to the first) where a segment's block count is odd."""
+    nqb = host.num_qblocks
+    pairs = []
+    for h in range(heads):
+        for b, (seg, _, _, canonical) in enumerate(host.qblocks):
+            g = canonical - host.qblock_start[seg]
+            if g % 2:
+                continue
+            w = h * nqb + b
+            last = canonical + 1 >= host.qblock_start[seg + 1]
+            pairs.append((w, w | NO_ROWS if last else w + 1))
+    return pairs
+
+
+def item_schedule(host: HostPlan, heads: int, ctas: int, cluster_ctas: int = 1) -> list[int]:
     """The static item order of ``ctas`` persistent CTAs: ``cta_begin`` (``ctas + 1`` offsets)
     followed by ``cta_items`` (every item once), as one list.
+
+    ``cluster_ctas = 2`` (:data:`FP8_CLUSTER_CTAS`, ``ctas`` even): the units dealt are the
+    :func:`block_pairs`, to the ``ctas / 2`` clusters, each pair costing one item; CTAs ``2c`` and
+    ``2c + 1`` get runs of the same length, entry ``j`` of each one block of the cluster's ``j``-th
+    pair; ``cta_items`` is padded with zeros to ``2 * NQB * heads`` entries.
 
     Items are dealt in item order (head-major, longest segment first within a head), each to the
     CTA with the least work so far (ties: the lowest index), under the cost model above: what
@@ -110,9 +143,26 @@ def item_schedule(host: HostPlan, heads: int, ctas: int) -> list[int]:
     """
     if ctas < 1:
         raise ValueError(f"ctas must be >= 1, got {ctas}")
+    if cluster_ctas not in (1, 2) or ctas % cluster_ctas:
+        raise ValueError(f"cluster_ctas must be 1 or 2 and divide ctas = {ctas}, "
+                         f"got {cluster_ctas}")
     nqb = host.num_qblocks
     lengths = [host.bounds[s + 1] - host.bounds[s] for s in range(host.num_segments)]
     cost = [-(-lengths[blk[0]] // SCHEDULE_TILE_KEYS) + SCHEDULE_ITEM_COST for blk in host.qblocks]
+    if cluster_ctas == 2:
+        clusters = ctas // 2
+        pair_runs: list[list[tuple[int, int]]] = [[] for _ in range(clusters)]
+        heap = [(0, c) for c in range(clusters)]
+        for pair in block_pairs(host, heads):
+            work, c = heap[0]
+            pair_runs[c].append(pair)
+            heapq.heapreplace(heap, (work + cost[pair[0] % nqb], c))
+        begin, flat = [0], []
+        for run in pair_runs:
+            for r in range(2):
+                flat.extend(pair[r] for pair in run)
+                begin.append(len(flat))
+        return begin + flat + [0] * (2 * nqb * heads - len(flat))
     runs: list[list[int]] = [[] for _ in range(ctas)]
     load = [(0, b) for b in range(ctas)]  # a heap of (work so far, CTA)
     for w in range(nqb * heads):
@@ -123,6 +173,42 @@ def item_schedule(host: HostPlan, heads: int, ctas: int) -> list[int]:
     for run in runs:
         begin.append(begin[-1] + len(run))
     return begin + [w for run in runs for w in run]
+
+
+def striding_pair_schedule(qblocks: torch.Tensor, qblock_start: torch.Tensor, heads: int,
+                           ctas: int) -> torch.Tensor:
+    """:func:`item_schedule`'s layout with clusters of two CTAs for striding over the
+    :func:`block_pairs` (cluster ``c`` of ``ctas / 2`` takes pairs ``c, c + ctas / 2, ...``),
+    computed from the device tables by capturable ops: the pairs' number stays on the device."""
+    i64 = torch.int64
+    device = qblocks.device
+    nqb, clusters = qblocks.shape[0], ctas // 2
+    if nqb * heads == 0:
+        return torch.zeros(ctas + 1, dtype=torch.int32, device=device)
+    seg, canonical = qblocks[:, 0].to(i64), qblocks[:, 3].to(i64)
+    starts = qblock_start.to(i64)
+    g = canonical - starts.index_select(0, seg)
+    lead = (g % 2 == 0).repeat(heads)  # item order: head-major
+    last = (canonical + 1 >= starts.index_select(0, seg + 1)).repeat(heads)
+    w = torch.arange(nqb * heads, dtype=i64, device=device)
+    second = torch.where(last, w | NO_ROWS, w + 1)
+    pos = torch.cumsum(lead.to(i64), 0) - 1
+    count = pos[-1] + 1  # the number of pairs, on the device
+    # Pair p's two items at 2p, 2p + 1; items that lead no pair go to a discarded last slot.
+    pairs = torch.zeros(2 * nqb * heads + 1, dtype=i64, device=device)
+    dump = torch.full_like(pos, 2 * nqb * heads)
+    pairs.index_copy_(0, torch.where(lead, 2 * pos, dump), w)
+    pairs.index_copy_(0, torch.where(lead, 2 * pos + 1, dump), second)
+    c = torch.arange(clusters, dtype=i64, device=device)
+    per_cluster = torch.clamp((count - c + clusters - 1) // clusters, min=0)
+    begin = torch.nn.functional.pad(per_cluster.repeat_interleave(2).cumsum(0), (1, 0))
+    e = torch.arange(2 * nqb * heads, dtype=i64, device=device)
+    cta = torch.searchsorted(begin[1:], e, right=True).clamp_(max=ctas - 1)
+    j = e - begin.index_select(0, cta)
+    pair = (cta // 2 + clusters * j).clamp_(max=nqb * heads - 1)
+    items = pairs.index_select(0, 2 * pair + cta % 2)
+    items = torch.where(e < 2 * count, items, torch.zeros_like(items))
+    return torch.cat((begin, items)).to(torch.int32)
 
 
 def striding_schedule(items: int, ctas: int, device: torch.device) -> torch.Tensor:
@@ -145,11 +231,39 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def schedule_ctas(host: HostPlan, heads: int, device: torch.device) -> int:
+def schedule_ctas(host: HostPlan, heads: int, device: torch.device, cluster_ctas: int = 1) -> int:
     """The number of persistent CTAs of the Hopper FP8 kernel on ``device``: one per SM, at most
-    one per item (and one for a plan without items, which launches nothing)."""
+    one per item (one cluster per pair of blocks with ``cluster_ctas = 2``; and one cluster for a
+    plan without items, which launches nothing)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(host.num_qblocks * heads, _sm_count(index)))
+    units = host.num_qblocks * heads if cluster_ctas == 1 else len(block_pairs(host, 1)) * heads
+    return cluster_ctas * max(1, min(units, _sm_count(index) // cluster_ctas))
+
+
+def cluster_ctas_of(module: Any) -> int:
+    """CTAs of a cluster of a Hopper FP8 build (``attention_fp8_wgmma_cluster_ctas``; 1 for
+    modules without it): the schedule its launch needs (:func:`item_schedule`)."""
+    if hasattr(module, "attention_fp8_wgmma_cluster_ctas"):
+        return int(module.attention_fp8_wgmma_cluster_ctas())
+    return 1
+
+
+def with_schedule(plan: Plan, cluster_ctas: int, striding: bool = False) -> Plan:
+    """A copy of a CUDA plan with the FP8 item schedule of a build of ``cluster_ctas`` CTAs a
+    cluster (plans carry :data:`FP8_CLUSTER_CTAS`'s): the balanced one (:func:`item_schedule`) or
+    striding (a captured call's: :func:`striding_schedule`, :func:`striding_pair_schedule`)."""
+    host, heads, device = plan.host, plan.heads, plan.device
+    ctas = schedule_ctas(host, heads, device, cluster_ctas)
+    if not striding:
+        flat = torch.tensor(item_schedule(host, heads, ctas, cluster_ctas), dtype=torch.int32,
+                            device=device)
+    elif cluster_ctas == 2:
+        flat = striding_pair_schedule(plan.tables["qblocks"], plan.tables["qblock_start"], heads,
+                                      ctas)
+    else:
+        flat = striding_schedule(host.num_qblocks * heads, ctas, device)
+    tables = {**plan.tables, "cta_begin": flat[: ctas + 1], "cta_items": flat[ctas + 1 :]}
+    return Plan(host, device, heads, tables)
 
 
 def build_host_plan(bounds: Sequence[int]) -> HostPlan:
@@ -181,7 +295,7 @@ def _split_tables(flat: torch.Tensor, host: HostPlan, heads: int = 0) -> dict[st
         "qblocks": flat[3 * n : end].view(host.num_qblocks, 4),
     }
     if flat.numel() > end:
-        ctas = flat.numel() - end - 1 - host.num_qblocks * heads
+        ctas = flat.numel() - end - 1 - FP8_CLUSTER_CTAS * host.num_qblocks * heads
         tables["cta_begin"] = flat[end : end + ctas + 1]
         tables["cta_items"] = flat[end + ctas + 1 :]
     return tables
@@ -219,10 +333,24 @@ class Plan:
     @property
     def schedule(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cta_begin, cta_items)``: the Hopper FP8 kernel's item order (CUDA plans only;
-        :func:`item_schedule`, or striding for a call being captured)."""
+        :func:`item_schedule` for clusters of :data:`FP8_CLUSTER_CTAS`, or striding for a call
+        being captured)."""
         if "cta_begin" not in self.tables:
             raise ValueError(f"a plan on {self.device} has no item schedule (CUDA plans only)")
         return self.tables["cta_begin"], self.tables["cta_items"]
+
+    def schedule_for(self, cluster_ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:attr:`schedule` for builds of ``cluster_ctas`` CTAs a cluster: the plan's own for
+        :data:`FP8_CLUSTER_CTAS`, else (the benchmark-only clustered build) one made the same way
+        (striding for a captured call, balanced otherwise) once and kept with the plan."""
+        if cluster_ctas == FP8_CLUSTER_CTAS:
+            return self.schedule
+        key = f"cta_begin/{cluster_ctas}"
+        if key not in self.tables:
+            other = with_schedule(self, cluster_ctas, striding=self.captured)
+            self.tables[key] = other.tables["cta_begin"]
+            self.tables[f"cta_items/{cluster_ctas}"] = other.tables["cta_items"]
+        return self.tables[key], self.tables[f"cta_items/{cluster_ctas}"]
 
     @classmethod
     def create(cls, host: HostPlan, heads: int, device: torch.device) -> Plan:
@@ -233,7 +361,8 @@ class Plan:
         if device.type != "cuda":
             cpu = torch.tensor(host.flat_tables(), dtype=torch.int32)
             return cls(host, device, heads, _split_tables(cpu, host))
-        schedule = item_schedule(host, heads, schedule_ctas(host, heads, device))
+        ctas = schedule_ctas(host, heads, device, FP8_CLUSTER_CTAS)
+        schedule = item_schedule(host, heads, ctas, FP8_CLUSTER_CTAS)
         cpu = torch.tensor(host.flat_tables() + schedule, dtype=torch.int32).pin_memory()
         # A long-lived cache entry: allocated outside any graph memory pool (see cache_empty),
         # on a stream that need not be this one, hence the record_stream (a no-op when it is):
@@ -376,6 +505,8 @@ def captured_plan(bounds: tuple[int, ...], heads: int, cu_seqlens: torch.Tensor)
     flat = device_flat_tables(cu_seqlens, host.tokens, host.num_qblocks)
     device = cu_seqlens.device
     if device.type == "cuda":
-        ctas = schedule_ctas(host, heads, device)
-        flat = torch.cat((flat, striding_schedule(host.num_qblocks * heads, ctas, device)))
+        ctas = schedule_ctas(host, heads, device, FP8_CLUSTER_CTAS)
+        n = host.num_segments + 1
+        qblocks = flat[3 * n :].view(host.num_qblocks, 4)
+        flat = torch.cat((flat, striding_pair_schedule(qblocks, flat[2 * n : 3 * n], heads, ctas)))
     return Plan(host, device, heads, _split_tables(flat, host, heads), captured=True)

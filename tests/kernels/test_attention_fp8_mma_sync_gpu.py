@@ -40,7 +40,7 @@ from test_attention_nvfp4_gpu import GUARD_ROWS, POISON, bounds_of, cosine, make
 
 from flashinfer_h3 import reference as R
 from flashinfer_h3.layout import fp8_layout
-from flashinfer_h3.plan import HostPlan, build_host_plan, item_schedule
+from flashinfer_h3.plan import HostPlan, build_host_plan, cluster_ctas_of, item_schedule
 
 pytestmark = pytest.mark.gpu
 
@@ -87,6 +87,7 @@ class Call:
     # The Hopper kernel's item order (schedule_of), made with the call: a CUDA-graph capture
     # cannot upload it.
     schedule: tuple[torch.Tensor, torch.Tensor] | None = None
+    schedule_cluster_ctas: int = 1  # the build's CTAs a cluster it was made for
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
         v = self.views
@@ -113,7 +114,8 @@ def prepare(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boun
     ws = torch.full((max(layout.total_bytes, 1),), POISON, dtype=torch.uint8, device="cuda")
     views = layout.views(ws)
     call = Call(T, H, bounds, host, device_tables(host), views)
-    call.schedule = schedule_of(call)
+    call.schedule_cluster_ctas = cluster_ctas_of(module)
+    call.schedule = schedule_of(call, cluster_ctas=call.schedule_cluster_ctas)
     if source == "prepass":
         if T:
             module.quantize_fp8(q, k, v, *call.tables, *(views[n] for n in REGIONS))
@@ -126,15 +128,18 @@ def prepare(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boun
     return call
 
 
-def schedule_of(call: Call, ctas: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def schedule_of(call: Call, ctas: int | None = None,
+                cluster_ctas: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The Hopper kernel's item order for ``call``: the plan's balanced one
-    (:func:`item_schedule`) over ``ctas`` CTAs (default: the plan's count for this GPU)."""
+    (:func:`item_schedule`) over ``ctas`` CTAs (default: the plan's count for this GPU) in
+    clusters of ``cluster_ctas`` (:func:`cluster_ctas_of` the build)."""
     from flashinfer_h3.plan import schedule_ctas
 
     dev = torch.device("cuda", torch.cuda.current_device())
     if ctas is None:
-        ctas = schedule_ctas(call.host, call.heads, dev)
-    flat = torch.tensor(item_schedule(call.host, call.heads, ctas), dtype=torch.int32, device=dev)
+        ctas = schedule_ctas(call.host, call.heads, dev, cluster_ctas)
+    flat = item_schedule(call.host, call.heads, ctas, cluster_ctas)
+    flat = torch.tensor(flat, dtype=torch.int32, device=dev)
     return flat[: ctas + 1], flat[ctas + 1 :]
 
 
@@ -154,7 +159,10 @@ def run_kernel(module: Any, call: Call, scale: float = DEFAULT_SCALE,
         # reruns this file's kernel-independent cases on it.
         counter = torch.full((1,), 0x7F7F7F7F, dtype=torch.int32, device="cuda")
         if schedule is None:
-            schedule = call.schedule if call.schedule is not None else schedule_of(call)
+            clusters = cluster_ctas_of(module)
+            schedule = (call.schedule
+                        if call.schedule is not None and call.schedule_cluster_ctas == clusters
+                        else schedule_of(call, cluster_ctas=clusters))
         module.attention_fp8_wgmma(out, *call.kernel_args(), counter, *schedule, scale,
                                    call.host.vkey_start[-1])
     else:

@@ -53,12 +53,18 @@ def module() -> Any:
 def test_item_counter_checks(module: Any) -> None:
     """The binding names a wrong item counter (dtype, device, size): the dynamic item order's
     builds draw from it (a poisoned one works: the binding zeroes it before such a launch)."""
-    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, run_kernel, schedule_of
+    from test_attention_fp8_mma_sync_gpu import (
+        DEFAULT_SCALE,
+        _call,
+        cluster_ctas_of,
+        run_kernel,
+        schedule_of,
+    )
 
     call, _ = _call(module, [40], 2, seed=3)
     out = torch.empty(40, 2, 128, dtype=torch.bfloat16, device="cuda")
     used = call.host.vkey_start[-1]
-    schedule = schedule_of(call)
+    schedule = schedule_of(call, cluster_ctas=cluster_ctas_of(module))
     for bad in (torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32),
                 torch.zeros(0, dtype=torch.int32, device="cuda")):
         with pytest.raises(ValueError, match="item_counter"):
@@ -68,58 +74,83 @@ def test_item_counter_checks(module: Any) -> None:
 
 
 def test_item_schedule_checks(module: Any) -> None:
-    """The binding names a wrong item schedule: ``cta_begin`` of another dtype, on the CPU or
-    without a CTA, ``cta_items`` not one entry per item."""
-    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, schedule_of
+    """The binding names a wrong item schedule: ``cta_begin`` of another dtype, on the CPU,
+    without a CTA or with a CTA count that is not a multiple of the cluster's, ``cta_items`` not
+    of the schedule's size."""
+    from test_attention_fp8_mma_sync_gpu import DEFAULT_SCALE, _call, cluster_ctas_of, schedule_of
 
     call, _ = _call(module, [40, 300], 2, seed=3)
     out = torch.empty(340, 2, 128, dtype=torch.bfloat16, device="cuda")
     used = call.host.vkey_start[-1]
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    begin, items = schedule_of(call)
+    begin, items = schedule_of(call, cluster_ctas=cluster_ctas_of(module))
     cases = [(begin.long(), items, "cta_begin"), (begin.cpu(), items, "cta_begin"),
              (begin[:1], items, "cta_begin"), (begin, items[:-1], "cta_items"),
              (begin, items.long(), "cta_items")]
+    if cluster_ctas_of(module) == 2:
+        cases.append((begin[:-1], items, "cta_begin"))  # an odd number of CTAs
     for b, i, name in cases:
         with pytest.raises(ValueError, match=name):
             module.attention_fp8_wgmma(out, *call.kernel_args(), counter, b, i, DEFAULT_SCALE, used)
 
 
+@pytest.mark.parametrize("build", ["production", "clusters"])
 @pytest.mark.parametrize("lengths", [[1, 16, 0, 145, 138, 400, 800], [9000, 300, 5000, 2084]],
                          ids=["packed", "mixed-16384"])
-def test_any_item_schedule_same_output(module: Any, lengths: list[int]) -> None:
+def test_any_item_schedule_same_output(module: Any, lengths: list[int], build: str) -> None:
     """The output does not depend on which CTA runs which item, or in which order: the plan's
     balanced schedule, striding (a captured call's), one CTA running every item backwards, more
-    CTAs than SMs, and a random assignment to 7 CTAs all give the same bits."""
+    CTAs than SMs, and a random assignment to 7 CTAs all give production's bits; the same for
+    the clustered build (``cluster_ctas=2``) with pairs of blocks dealt to clusters (odd block
+    counts: a pair's second CTA without rows of its own)."""
     import random
 
-    from test_attention_fp8_mma_sync_gpu import _call, run_kernel
+    from test_attention_fp8_mma_sync_gpu import _call, cluster_ctas_of, run_kernel
 
-    from flashinfer_h3.plan import striding_schedule
+    from flashinfer_h3.plan import block_pairs, striding_pair_schedule, striding_schedule
 
     call, _ = _call(module, lengths, 3, seed=11)
+    base = run_kernel(module, call)
+    if build == "clusters":
+        module = benchmark_build("fp8_wgmma", {"cluster_ctas": 2})
     items = call.host.num_qblocks * 3
     dev = torch.device("cuda", torch.cuda.current_device())
+    clustered = cluster_ctas_of(module) == 2
 
     def split(flat: list[int] | torch.Tensor, ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
         flat = torch.as_tensor(flat, dtype=torch.int32).to(dev)
         return flat[: ctas + 1], flat[ctas + 1 :]
 
+    # Units: items, or with clusters the pairs of blocks (each CTA of a cluster one side).
+    units: list = block_pairs(call.host, 3) if clustered else list(range(items))
     rng = random.Random(5)
-    owner = [rng.randrange(7) for _ in range(items)]
-    runs = [[w for w in range(items) if owner[w] == b] for b in range(7)]
-    for run in runs:
+    owner = [rng.randrange(7) for _ in units]
+    unit_runs = [[u for u, b in zip(units, owner, strict=True) if b == c] for c in range(7)]
+    for run in unit_runs:
         rng.shuffle(run)
-    begin = [0]
-    for run in runs:
-        begin.append(begin[-1] + len(run))
+
+    def layout(runs: list[list]) -> list[int]:
+        cta_runs = ([[pair[r] for pair in run] for run in runs for r in range(2)] if clustered
+                    else runs)
+        begin, flat = [0], []
+        for run in cta_runs:
+            flat.extend(run)
+            begin.append(len(flat))
+        return begin + flat + [0] * ((2 if clustered else 1) * items - len(flat))
+
+    def striding(ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if clustered:
+            qblocks, qblock_start = call.tables[3], call.tables[2]
+            return split(striding_pair_schedule(qblocks, qblock_start, 3, ctas), ctas)
+        return split(striding_schedule(items, ctas, dev), ctas)
+
+    per = 2 if clustered else 1
     schedules = {
-        "striding": split(striding_schedule(items, 132, dev), 132),
-        "one CTA, backwards": split([0, items, *range(items - 1, -1, -1)], 1),
-        "600 CTAs": split(striding_schedule(items, 600, dev), 600),
-        "random, 7 CTAs": split(begin + [w for run in runs for w in run], 7),
+        "striding": striding(132),
+        "one cluster, backwards": split(layout([units[::-1]]), per),
+        "600 CTAs": striding(600),
+        "random, 7 clusters": split(layout(unit_runs), 7 * per),
     }
-    base = run_kernel(module, call)
     assert torch.isfinite(base).all()
     for name, schedule in schedules.items():
         got = run_kernel(module, call, schedule=schedule)
@@ -191,8 +222,8 @@ T128 = {"tile_keys": 128, "poly_exp2_every": 32}
 @pytest.mark.parametrize(
     ("flags", "base_flags"),
     [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
-     ({**T128, "dynamic_schedule": True}, T128)],
-    ids=["ring-3", "no-ping-pong", "polling-waits", "dynamic-order-128"],
+     ({"cluster_ctas": 2}, None), ({**T128, "dynamic_schedule": True}, T128)],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "clusters", "dynamic-order-128"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
@@ -200,7 +231,8 @@ def test_benchmark_builds_match_production(
 ) -> None:
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
-    polling; with 128-key tiles the dynamic item order) give their reference build's output
+    polling, clusters of two CTAs sharing each K/V tile copy, on a schedule of block pairs;
+    with 128-key tiles the dynamic item order) give their reference build's output
     (production, or the 128-key build) bit for bit. On segments of 1, 17, 162, ... tokens (single
     and partial tiles), on one of 4,097 (17 tiles of 256 keys: both ring parities, a masked last
     tile with one K-scale block), and on four of 300 to 9,000 tokens (393 items: several drawn

@@ -146,3 +146,29 @@ def test_256_key_tiles_refuse_the_dynamic_order() -> None:
 
     with pytest.raises(Exception, match="static item order only"):
         build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"dynamic_schedule": True}))
+
+
+def test_clustered_build_shares_the_tile_copies(so: Path) -> None:
+    """Production copies each CTA's K and V tiles itself (plain ``UTMALDG.3D``, no cluster) and
+    its binding says 1 CTA a cluster. The ``cluster_ctas=2`` benchmark build runs clusters of two
+    CTAs on pairs of query blocks: the producer copies its half of every K and V tile into both
+    CTAs (``UTMALDG.3D.MULTICAST``, one K and one V copy in its rolled tile loop), the CTAs meet on
+    the cluster barrier (``UCGABAR``) before the copies start and before the producer warpgroup
+    lets its CTA exit, the consumers free a slot in both CTAs without a GPU-scope fence (a
+    ``MEMBAR.ALL.GPU`` before each remote arrival cost 17 %), and there is no local memory; 128-key
+    tiles refuse clusters."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    sass = bt.sass(so, KERNEL)
+    assert "MULTICAST" not in sass and "UCGABAR" not in sass
+    assert int(bt.load(so).attention_fp8_wgmma_cluster_ctas()) == 1
+    pair = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"cluster_ctas": 2})))
+    pair_sass = bt.sass(pair, KERNEL)
+    assert len(re.findall(r"UTMALDG\.3D\.MULTICAST", pair_sass)) == 2
+    assert "UCGABAR_ARV" in pair_sass and "UCGABAR_WAIT" in pair_sass
+    # The two cluster barriers' releases only (kernel start, the producer warpgroup's end).
+    assert pair_sass.count("MEMBAR.ALL.GPU") == 2
+    assert int(bt.load(pair).attention_fp8_wgmma_cluster_ctas()) == 2
+    bt.assert_no_local_memory(pair, KERNEL)
+    with pytest.raises(Exception, match="clusters of two CTAs"):
+        build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={**T128, "cluster_ctas": 2}))

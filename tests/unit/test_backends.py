@@ -231,6 +231,9 @@ class Recorder:
     def __getattr__(self, name: str):
         return lambda *args: self.calls.append((name, args))
 
+    def attention_fp8_wgmma_cluster_ctas(self) -> int:  # the FP8 Hopper build's query
+        return 1
+
 
 class FakePlan:
     """The parts of a Plan a launcher reads: the device tables, the FP8 Hopper kernel's item
@@ -239,6 +242,10 @@ class FakePlan:
     args = ("seg_bounds", "vkey_start", "qblock_start", "qblocks")
     schedule = ("cta_begin", "cta_items")
     host = type("Host", (), {"vkey_start": (0, 64, 192)})()
+
+    def schedule_for(self, cluster_ctas: int) -> tuple[str, str]:
+        assert cluster_ctas == 1  # the production build's
+        return self.schedule
 
 
 def test_kernel_launchers_pass_the_documented_arguments() -> None:

@@ -35,6 +35,8 @@ from flashinfer_h3.layout import (
     vkeys_cap,
 )
 from flashinfer_h3.plan import (
+    FP8_CLUSTER_CTAS,
+    NO_ROWS,
     PLAN_CACHE_SIZE,
     PLANS,
     SCHEDULE_ITEM_COST,
@@ -43,10 +45,12 @@ from flashinfer_h3.plan import (
     Plan,
     PlanCache,
     _split_tables,
+    block_pairs,
     build_host_plan,
     captured_plan,
     device_flat_tables,
     item_schedule,
+    striding_pair_schedule,
     striding_schedule,
 )
 
@@ -117,9 +121,9 @@ def test_host_plan_random() -> None:
 H3_MIX = (30720, 15360, 9216, 4096, 1536, 333)
 
 
-def _schedule_runs(flat: list[int], ctas: int) -> list[list[int]]:
+def _schedule_runs(flat: list[int], ctas: int, padded: bool = False) -> list[list[int]]:
     begin, items = flat[: ctas + 1], flat[ctas + 1 :]
-    assert begin[0] == 0 and begin[-1] == len(items)
+    assert begin[0] == 0 and (begin[-1] <= len(items) if padded else begin[-1] == len(items))
     assert all(a <= b for a, b in zip(begin[:-1], begin[1:], strict=True))
     return [items[begin[b] : begin[b + 1]] for b in range(ctas)]
 
@@ -171,14 +175,62 @@ def test_striding_schedule(items: int, ctas: int) -> None:
     assert runs == [list(range(b, items, ctas)) for b in range(ctas)]
 
 
+def _pair_runs(host, heads: int, flat: list[int], ctas: int) -> list[list[tuple[int, int]]]:
+    """The clusters' runs of pairs of a cluster schedule (CTAs 2c and 2c + 1 entry by entry)."""
+    runs = _schedule_runs(flat, ctas, padded=True)
+    assert len(flat) == ctas + 1 + 2 * host.num_qblocks * heads  # padded to the binding's size
+    assert all(len(runs[2 * c]) == len(runs[2 * c + 1]) for c in range(ctas // 2))
+    return [list(zip(runs[2 * c], runs[2 * c + 1], strict=True)) for c in range(ctas // 2)]
+
+
+@pytest.mark.parametrize("ctas", [2, 8, 132])
+@pytest.mark.parametrize("lengths", [(61440,), H3_MIX, (5, 0, 300, 129, 4097, 256, 384), (0,)],
+                         ids=["h3-10s", "h3-mix", "small", "empty"])
+def test_cluster_schedule_pairs_every_block_once(lengths: tuple[int, ...], ctas: int) -> None:
+    """With clusters of two CTAs every item is in exactly one pair, as its first or its second
+    block; a pair is two consecutive blocks of one segment and head, or a segment's odd last block
+    and itself flagged NO_ROWS; the clusters' runs keep the item order; the device-built striding
+    order (a captured call's) has the same pairs."""
+    host = build_host_plan([0, *itertools.accumulate(lengths)])
+    heads = 3 if len(lengths) > 1 else 2
+    nqb = host.num_qblocks
+    pairs = block_pairs(host, heads)
+    seen = []
+    for first, second in pairs:
+        seg, _, row_end, canonical = host.qblocks[first % nqb]
+        seen.append(first)
+        if second & NO_ROWS:
+            assert second == first | NO_ROWS and canonical + 1 == host.qblock_start[seg + 1]
+        else:
+            nxt = host.qblocks[second % nqb]
+            assert second == first + 1 and nxt[0] == seg
+            assert nxt[3] == canonical + 1 and nxt[1] == row_end
+            seen.append(second)
+    assert sorted(seen) == list(range(nqb * heads))
+    balanced = _pair_runs(host, heads, item_schedule(host, heads, ctas, 2), ctas)
+    assert sorted(p for run in balanced for p in run) == sorted(pairs)
+    assert all(run == sorted(run) for run in balanced)
+    t = torch.tensor(host.flat_tables(), dtype=torch.int32)
+    n = host.num_segments + 1
+    qblocks, qblock_start = t[3 * n :].view(nqb, 4), t[2 * n : 3 * n]
+    flat = striding_pair_schedule(qblocks, qblock_start, heads, ctas).tolist()
+    strided = _pair_runs(host, heads, flat, ctas)
+    clusters = ctas // 2
+    assert strided == [pairs[c::clusters] for c in range(clusters)]
+
+
 def test_item_schedule_errors_and_split() -> None:
     host = build_host_plan([0, 300, 301])
     with pytest.raises(ValueError, match="ctas"):
         item_schedule(host, 2, 0)
-    flat = torch.tensor(host.flat_tables() + item_schedule(host, 2, 3), dtype=torch.int32)
+    with pytest.raises(ValueError, match="cluster_ctas"):
+        item_schedule(host, 2, 3, 2)
+    # Plans carry the production build's schedule (FP8_CLUSTER_CTAS CTAs a cluster).
+    schedule = item_schedule(host, 2, 4, FP8_CLUSTER_CTAS)
+    flat = torch.tensor(host.flat_tables() + schedule, dtype=torch.int32)
     tables = _split_tables(flat, host, 2)
-    assert tables["cta_begin"].tolist() == item_schedule(host, 2, 3)[:4]
-    assert tables["cta_items"].numel() == host.num_qblocks * 2
+    assert tables["cta_begin"].tolist() == schedule[:5]
+    assert tables["cta_items"].numel() == FP8_CLUSTER_CTAS * host.num_qblocks * 2
     assert "cta_begin" not in _split_tables(torch.tensor(host.flat_tables()), host)
     with pytest.raises(ValueError, match="no item schedule"):
         _ = Plan.create(host, 2, CPU).schedule

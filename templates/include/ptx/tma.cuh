@@ -30,5 +30,17 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, uint64_
       : "memory");
 }
 
+// The same copy with .multicast::cluster: the box lands at `dst`'s offset in the shared memory
+// of every CTA of the cluster whose bit is set in `cta_mask`, and completes on the mbarrier at
+// `bar`'s offset in each of them (each counts the box's bytes).
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* tmap, uint64_t* bar, int32_t c0,
+                                                      int32_t c1, int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

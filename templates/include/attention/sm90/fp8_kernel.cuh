@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "../epilogue.cuh"
+#include "../../ptx/cluster.cuh"
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/sreg.cuh"
 #include "../../ptx/tma.cuh"
@@ -76,8 +77,13 @@ struct Fp8Params {
 // The copies of one item: its Q block, then its K and V^T tiles as ring slots free up.
 // kWaitSleepNs: the suspend-time hint of the producer's waits for free slots (0: plain polling;
 // ptx::mbarrier_wait_suspend). kRolled: the tile loop not unrolled (the dynamic order's producer,
-// whose four unrolled copies, ptxas's choice, need more than its 24 registers).
-template <uint32_t kWaitSleepNs, bool kRolled, class Smem>
+// whose four unrolled copies, ptxas's choice, need more than its 24 registers). kCopyKv = false
+// (benchmark builds): K and V are copied into each ring slot once, later tiles reuse what the slot
+// holds (the output is not attention): what the K/V tiles' way from L2 costs, energy included.
+// kCtas = 2 (clusters, tile_scheduler.cuh schedule_item): each CTA copies one 128-key half of
+// every tile, its rank's, into the slot of both CTAs, whose full barriers each expect the whole
+// tile; the empty barriers it waits on count both CTAs' consumers (init_barriers).
+template <uint32_t kWaitSleepNs, bool kRolled, bool kCopyKv, int kCtas, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
@@ -87,6 +93,12 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   auto tile = [&](int t) {
     const int st = slot.stage<Smem::kStages>();
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+    if (!kCopyKv && slot.index >= Smem::kStages) {
+      ptx::mbarrier_arrive(&sm.k_full[st]);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+      ptx::mbarrier_arrive(&sm.v_full[st]);
+      return;
+    }
     ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kHalves * kTileBytes);
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -99,6 +111,24 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
       ptx::tma_load_3d(sm.v[st][h], tm_v, &sm.v_full[st], it.vcol0 + t * kKeys + h * kTileKeys, 0, it.head);
     }
   };
+  if constexpr (kCtas == 2) {
+    // This CTA's half of every tile: its keys and V columns from 128 rank on, into half `rank`
+    // of the slot in both CTAs. The tile loop rolled: the producer's 24 registers.
+    const uint32_t rank = ptx::cluster_ctarank();
+    const int k_row = it.seg_begin + kTileKeys * static_cast<int>(rank);
+    const int v_col = it.vcol0 + kTileKeys * static_cast<int>(rank);
+#pragma unroll 1
+    for (int t = 0; t < tiles; ++t, ++slot.index) {
+      const int st = slot.stage<Smem::kStages>();
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.k_full[st], kHalves * kTileBytes);
+      ptx::tma_load_3d_multicast(sm.k[st][rank], tm_k, &sm.k_full[st], 0, k_row + t * kKeys, it.head, 0x3);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[st], slot.parity<Smem::kStages>() ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&sm.v_full[st], kHalves * kTileBytes);
+      ptx::tma_load_3d_multicast(sm.v[st][rank], tm_v, &sm.v_full[st], v_col + t * kKeys, 0, it.head, 0x3);
+    }
+    return;
+  }
   if constexpr (kRolled) {
 #pragma unroll 1
     for (int t = 0; t < tiles; ++t, ++slot.index) tile(t);
@@ -110,7 +140,7 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // The producer thread. kDynamic: the dynamic item order (tile_scheduler.cuh): it draws each next
 // item and publishes it in sm.item with the q_full arrival, once every reader has read the last
 // one (sm.item.empty).
-template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
@@ -118,9 +148,9 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
   if constexpr (!kDynamic) {
     // The list's end read again at each item (L1): the producer's 24 registers hold no more.
     for (int i = p.schedule.begin(); i < p.schedule.end(); ++i, ++items) {
-      const WorkItem it = work_item(p.plan, p.schedule.item(i));
+      const WorkItem it = schedule_item<kCtas>(p.plan, p.schedule, i);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, false>(sm, tm_q, tm_k, tm_v, it, slot);
+      produce_item<kWaitSleepNs, false, kCopyKv, kCtas>(sm, tm_q, tm_k, tm_v, it, slot);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -131,7 +161,7 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
-      produce_item<kWaitSleepNs, true>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      produce_item<kWaitSleepNs, true, kCopyKv, 1>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
       // The next item: drawn once this one's copies are issued, while the consumers still have
       // about a ring's depth of its tiles to go (the atomic's latency hides there, and no value
       // is held across the tile loop).
@@ -281,7 +311,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys>
+          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -298,6 +328,14 @@ struct Fp8Options {
   // keys; the two K-scale blocks of a tile scale its halves).
   // (Inside the struct kTileKeys names this member: the checks spell the 128-key constant out.)
   static constexpr int kTileKeys = TileKeys;
+  static constexpr bool kCopyKv = CopyKvOn;  // false: K/V copied once per ring slot (not attention)
+  // CTAs of a cluster: 1 = each CTA copies its own tiles; 2 (benchmark builds) = pairs of query
+  // blocks sharing every K/V tile copy (multicast; tile_scheduler.cuh schedule_item): half the
+  // bytes from L2 and a 2.5 % higher clock, lost again to the two CTAs' lockstep on the ring
+  // (within 1 % of production; benchmarks/RESULTS.md, twelfth session).
+  static constexpr int kClusterCtas = ClusterCtas;
+  static_assert(ClusterCtas == 1 || (ClusterCtas == 2 && TileKeys == 2 * sm90::kTileKeys && !DynamicOrder && CopyKvOn),
+                "clusters of two CTAs: 256-key tiles (one half a CTA), the static item order and every copy");
   static_assert(TileKeys == sm90::kTileKeys || TileKeys == 2 * sm90::kTileKeys, "KV tiles of 128 or 256 keys");
   static_assert(TileKeys == sm90::kTileKeys || (SoftmaxOn && OUpdateOn && !DynamicOrder),
                 "256-key tiles: production arithmetic and the static item order only");
@@ -426,20 +464,29 @@ __device__ __forceinline__ void issue_pv_256(float (&otmp)[64], const uint32_t (
   ptx::wgmma_commit();
 }
 
+// One consumer warpgroup's release of a ring slot's tile: an arrival on its empty barrier in
+// each CTA whose copies fill the slot (kCtas = 2: both CTAs of the cluster; the peer's through
+// its shared::cluster address). Called by one thread of the warpgroup.
+template <int kCtas>
+__device__ __forceinline__ void release_slot(uint64_t* empty) {
+  ptx::mbarrier_arrive(empty);
+  if constexpr (kCtas == 2) ptx::mbarrier_arrive_cluster(ptx::map_to_cta(empty, ptx::cluster_ctarank() ^ 1u));
+}
+
 // After PV over a 256-key tile completed: its operands (Otmp, P) become the compiler's again and
 // its V tile is released.
-template <class Smem>
+template <int kCtas, class Smem>
 __device__ __forceinline__ void release_pv_256(float (&otmp)[64], uint32_t (&pa_lo)[16], uint32_t (&pa_hi)[16],
                                                Smem& sm, int stage) {
   ptx::fence_operands(otmp);
   ptx::fence_operands(pa_lo);
   ptx::fence_operands(pa_hi);
-  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[stage]);
+  if (signals_for_warpgroup()) release_slot<kCtas>(&sm.v_empty[stage]);
 }
 
 // After QK^T of 256-key tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax that makes P of tile t, both halves.
-template <int kPolyExp2Every, class Smem>
+template <int kPolyExp2Every, int kCtas, class Smem>
 __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
                                               uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm, RingSlot& slot,
                                               const WorkItem& it, int t, int tiles, float sk0, float sk1, float c,
@@ -447,7 +494,7 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   ptx::fence_operands(s_lo);
   ptx::fence_operands(s_hi);
   if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kStages>()]);
+    release_slot<kCtas>(&sm.k_empty[slot.stage<Smem::kStages>()]);
     if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
   }
   const int valid = it.seg_len - t * 2 * kTileKeys;
@@ -473,10 +520,12 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
 // eighth session. O in shared memory with one PV accumulator per 2 to 64 tiles, so that PV and
 // the first half issue back to back as in cuDNN's kernel: 6-9 % slower, the two consumers'
 // exponentials then queue on MUFU; QK^T as one m64n256k32 chain, the O update before it:
-// 2-3 % slower; ninth session.)
+// 2-3 % slower; ninth session. QK^T of the tile's first 64 keys (m64n64k32) issued right
+// behind PV(t - 1), before its wait: 6-7 % slower, the waits it removed came back as MIO
+// throttle (x4) of the two consumers' MUFU.EX2; eleventh session.)
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
-  constexpr int kPolyExp2Every = Opt::kPolyExp2Every;
+  constexpr int kPolyExp2Every = Opt::kPolyExp2Every, kCtas = Opt::kClusterCtas;
   constexpr int kKeys = 2 * kTileKeys;
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
@@ -495,7 +544,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
     // The list's end and the item again from the (L1-resident) table, as the item loop's
     // condition of before: no value but i is held across the tile loop.
     if (i >= p.schedule.end()) break;
-    const WorkItem it = work_item(p.plan, p.schedule.item(i));
+    const WorkItem it = schedule_item<kCtas>(p.plan, p.schedule, i);
     const int row0 = it.row_begin + row_in_block;
     const float* qs = p.q_scales + head_offset(it.head, p.tokens);
     st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
@@ -515,7 +564,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -526,14 +575,14 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
       issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
       ptx::wgmma_wait<0>();
-      release_pv_256(otmp, pa_lo, pa_hi, sm, pv_stage);
+      release_pv_256<kCtas>(otmp, pa_lo, pa_hi, sm, pv_stage);
       ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
       issue_qk_half(s_lo, q_rows, sm.k[stage][0]);
       update_o(o, otmp, st.alpha);
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -542,10 +591,10 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_pv_256(otmp, pa_lo, pa_hi, sm.v[pv_stage][0], sm.v[pv_stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      release_pv_256(otmp, pa_lo, pa_hi, sm, pv_stage);
+      release_pv_256<kCtas>(otmp, pa_lo, pa_hi, sm, pv_stage);
       update_o(o, otmp, st.alpha);
     }
-    store_output(o, st, work_item(p.plan, p.schedule.item(i)), row0, p, quad_col);
+    store_output(o, st, schedule_item<kCtas>(p.plan, p.schedule, i), row0, p, quad_col);
   }
   turn.finish();
 }
@@ -561,16 +610,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
-    init_barriers(sm);
+    init_barriers<Opt::kClusterCtas>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
     ptx::prefetch_tensormap(&tm_v);
   }
-  __syncthreads();
+  // With clusters the peer's copies and arrivals reach these barriers: both CTAs' inits first.
+  if constexpr (Opt::kClusterCtas > 1) {
+    ptx::cluster_sync_aligned();
+  } else {
+    __syncthreads();
+  }
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs, Opt::kDynamic>(sm, &tm_q, &tm_k, &tm_v, p);
+    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas>(sm, &tm_q, &tm_k, &tm_v, p);
+    // A CTA's shared memory must outlive the peer's last copies into it and arrivals on its
+    // barriers. The producer warpgroup keeps the CTA alive until every thread of the cluster
+    // has arrived here or exited (barrier.cluster waits for the non-exited threads only): the
+    // consumers exit after their last arrival, so the peer's have made theirs when this passes.
+    if constexpr (Opt::kClusterCtas > 1) ptx::cluster_sync();
   } else {
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates

@@ -64,8 +64,9 @@ enum Nvfp4Variant : int {
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
   kFoldPScale = 32,     // 1 / s of the P groups folded into the exponentials (off: Ptil * r; nvfp4_softmax.cuh)
   kDynamicOrder = 64,   // the dynamic item order (off: static striding; tile_scheduler.cuh)
-  kNvfp4Production =
-      kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale | kDynamicOrder,
+  kCopyKvTiles = 128,   // K and V copied for every tile (off: once per ring slot, later tiles reuse it)
+  kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
+                     kDynamicOrder | kCopyKvTiles,
 };
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
@@ -84,7 +85,8 @@ struct Nvfp4Params {
 // kWaitSleepNs (here and in produce_delta): the suspend-time hint of the producer warpgroup's
 // waits (0: plain polling; ptx::mbarrier_wait_suspend).
 // The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
-template <uint32_t kWaitSleepNs, class Smem>
+// kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
+template <uint32_t kWaitSleepNs, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
@@ -95,6 +97,12 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
     const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
     const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
+    if (!kCopyKv && slot.index >= (Smem::kKStages > Smem::kVStages ? Smem::kKStages : Smem::kVStages)) {
+      ptx::mbarrier_arrive(&sm.k_full[ks]);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
+      ptx::mbarrier_arrive(&sm.v_full[vs]);
+      continue;
+    }
     ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
     ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
     ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
@@ -107,7 +115,7 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer.
-template <uint32_t kWaitSleepNs, bool kDynamic, class Smem>
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
@@ -116,7 +124,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
     for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs>(sm, tm_q, tm_k, tm_v, it, slot);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, it, slot);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -127,7 +135,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
-      produce_item<kWaitSleepNs>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
   }
@@ -393,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0>(sm, &tm_q, &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }

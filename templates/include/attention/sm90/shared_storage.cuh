@@ -59,16 +59,18 @@ __device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
 }
 
 // Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
-// arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup.
-template <int kDepth, int kKeys>
+// arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup
+// of each of the kClusterCtas CTAs that a slot's copies fill (the FP8 kernel's clusters: a CTA
+// copies half of every tile into both, so a slot is free once both CTAs' consumers released it).
+template <int kClusterCtas = 1, int kDepth, int kKeys>
 __device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kKeys>& s) {
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers * kClusterCtas);
     ptx::mbarrier_init(&s.v_full[i], 1);
-    ptx::mbarrier_init(&s.v_empty[i], kConsumers);
+    ptx::mbarrier_init(&s.v_empty[i], kConsumers * kClusterCtas);
   }
   ptx::mbarrier_init(&s.item.empty, kConsumers * kWarpgroupThreads);  // every consumer thread reads the item
   ptx::fence_mbarrier_init();

@@ -85,15 +85,38 @@ __device__ __forceinline__ WorkItem work_item(const PlanTables& t, int w) {
 }
 
 // A static order computed by the host (flashinfer_h3/plan.py): CTA b takes the items
-// items[cta_begin[b]] .. items[cta_begin[b + 1] - 1], in that order.
+// items[cta_begin[b]] .. items[cta_begin[b + 1] - 1], in that order (with clusters of two CTAs,
+// schedule_item, the two runs of a cluster pair up entry by entry).
 struct ItemSchedule {
   const int32_t* cta_begin;  // [gridDim.x + 1]
-  const int32_t* items;      // [num_items], each CTA's run in turn
+  const int32_t* items;      // each CTA's run in turn
 
   __device__ __forceinline__ int begin() const { return __ldg(cta_begin + blockIdx.x); }
   __device__ __forceinline__ int end() const { return __ldg(cta_begin + blockIdx.x + 1); }
   __device__ __forceinline__ int item(int i) const { return __ldg(items + i); }
 };
+
+// Clusters of two CTAs (the FP8 kernel's): a cluster's unit of work is a pair of query blocks of
+// one segment and head, which read the same K and V tiles, so each CTA copies half of every tile
+// into both (tma_load_3d_multicast) and the pair moves half the bytes from L2 that two
+// independent CTAs would. The two CTAs' runs have the same length and entry j of each is one
+// block of the pair (flashinfer_h3/plan.py item_schedule); a segment with an odd block count ends
+// in a pair whose second entry is the first block flagged kNoRows: that CTA runs the tiles for
+// the copies' sake and stores nothing (row_begin = row_end).
+constexpr int kNoRows = 1 << 30;
+
+template <int kCtas>
+__device__ __forceinline__ WorkItem schedule_item(const PlanTables& plan, const ItemSchedule& schedule, int i) {
+  static_assert(kCtas == 1 || kCtas == 2, "clusters of one or two CTAs");
+  if constexpr (kCtas == 1) {
+    return work_item(plan, schedule.item(i));
+  } else {
+    const int code = schedule.item(i);
+    WorkItem it = work_item(plan, code & ~kNoRows);
+    if ((code & kNoRows) != 0) it.row_begin = it.row_end;
+    return it;
+  }
+}
 
 // The dynamic order's shared-memory hand-off: the producer writes the index of the item it
 // starts before the q_full arrival that publishes it; every reader thread reads it right after
