@@ -14,7 +14,9 @@ ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile)
 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
 as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers);
 ``kv_copies=False`` (K and V copied into each ring slot once, later tiles
-reuse it: what their way from L2 costs, energy included). Both:
+reuse it: what their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two
+CTAs on pairs of query blocks sharing every K/V tile copy; its schedule from
+``Plan.schedule_for``). Both:
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
 the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
@@ -78,6 +80,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
         "clusters of 2 CTAs sharing each K/V tile copy": {"cluster_ctas": 2},
         "clusters of 2 CTAs, ring depth 3": {"cluster_ctas": 2, "stages": 3},
+        "clusters of 2 CTAs, producer's waits polling": {"cluster_ctas": 2, "wait_sleep_ns": 0},
         "128-key tiles, 1 in 32 exp2 on FMA (production until 2026-12-02)": T128,
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "4 in 128 exp2 on FMA": {"poly_exp2_every": 32},
