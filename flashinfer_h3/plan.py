@@ -236,7 +236,11 @@ def schedule_ctas(host: HostPlan, heads: int, device: torch.device, cluster_ctas
     one per item (one cluster per pair of blocks with ``cluster_ctas = 2``; and one cluster for a
     plan without items, which launches nothing)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    units = host.num_qblocks * heads if cluster_ctas == 1 else len(block_pairs(host, 1)) * heads
+    if cluster_ctas == 1:
+        units = host.num_qblocks * heads
+    else:  # block pairs: half of each segment's blocks, rounded up
+        starts = host.qblock_start
+        units = heads * sum(-(-(b - a) // 2) for a, b in zip(starts[:-1], starts[1:], strict=True))
     return cluster_ctas * max(1, min(units, _sm_count(index) // cluster_ctas))
 
 

@@ -1,6 +1,6 @@
-// Thread-block clusters (sm_90 and later): the CTA's rank, the cluster-wide barrier, and a
-// peer CTA's shared memory (PTX ISA: special register %cluster_ctarank; barrier.cluster;
-// mapa; mbarrier.arrive on a shared::cluster address).
+// Thread-block clusters (sm_90 and later): the cluster-wide barrier and a peer CTA's shared
+// memory (PTX ISA: barrier.cluster; mapa; mbarrier.arrive on a shared::cluster address). The
+// CTA's rank in its cluster is a special register (sreg.cuh cluster_ctarank).
 //
 // A kernel launched with a cluster dimension runs its CTAs of one cluster at the same time on
 // one GPC; each can address the others' shared memory (distributed shared memory), which is what
@@ -13,13 +13,6 @@
 
 namespace flashinfer_h3 {
 namespace ptx {
-
-// %cluster_ctarank (PTX ISA 10, "Special Registers"): this CTA's rank in its cluster.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
 
 // barrier.cluster.arrive.release + barrier.cluster.wait.acquire (PTX ISA 9.7.13.3,
 // "barrier.cluster"): every non-exited thread of the cluster arrives before any passes; what a

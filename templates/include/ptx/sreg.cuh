@@ -15,5 +15,13 @@ __device__ __forceinline__ uint32_t grid_ctas_x() {
   return n;
 }
 
+// %cluster_ctarank (PTX ISA 10, "Special Registers"): this CTA's rank in its cluster (0 without
+// clusters), read where it is used like grid_ctas_x (the FP8 producer's 24 registers).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3
