@@ -17,6 +17,7 @@ as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and regis
 reuse it: what their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two
 CTAs on pairs of query blocks sharing every K/V tile copy; its schedule from
 ``Plan.schedule_for``). Both:
+``register_usage_level`` (ptxas's scheduling knob, jit/modules.py: production 8),
 ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0``
 (the producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False,
 the CTAs stride statically over the items instead of drawing them from a counter; FP8: True, the
@@ -63,6 +64,8 @@ T128: dict[str, Any] = {"tile_keys": 128, "poly_exp2_every": 32}
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "nvfp4": {
         "production (P quantised)": {},
+        "ptxas register usage level 5 (production until 2026-12-04)": {"register_usage_level": 5},
+        "ptxas register usage level 0": {"register_usage_level": 0},
         "P quantised, always the saturating rounding": {"fast_rounding": False},
         "P quantised as Ptil * r (1 / s not folded into the exponentials)": {"fold_p_scale": False},
         "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
@@ -78,6 +81,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
+        "ptxas register usage level 5 (production until 2026-12-04)": {"register_usage_level": 5},
+        "ptxas register usage level 0": {"register_usage_level": 0},
         "clusters of 2 CTAs sharing each K/V tile copy": {"cluster_ctas": 2},
         "clusters of 2 CTAs, ring depth 3": {"cluster_ctas": 2, "stages": 3},
         "clusters of 2 CTAs, producer's waits polling": {"cluster_ctas": 2, "wait_sleep_ns": 0},

@@ -32,6 +32,12 @@ class ModuleDef:
     exports: tuple[str, ...] = ()  # the tvm-ffi functions it exports (docs/design.md)
     test_only: bool = False  # probes and emulator entry points: never inside a production .so
     about: str = ""
+    # ptxas --register-usage-level (0..10; None: ptxas's default, 5) for the module's kernels.
+    # ptxas schedules the Hopper kernels' tile loops differently at 0-3, 4-5 and 6-10, and the
+    # schedule moves their time by about 1 %: each Hopper module takes the level measured fastest
+    # (benchmarks/RESULTS.md, fourteenth session). A KernelConfig flag of the same name overrides
+    # it (benchmark builds).
+    register_usage_level: int | None = None
 
 
 MODULES: dict[str, ModuleDef] = {}
@@ -47,6 +53,10 @@ def register_module(module: ModuleDef) -> ModuleDef:
                          f"{module.archs}")
     if not module.templates:
         raise ValueError(f"module {module.name!r} has no templates")
+    level = module.register_usage_level
+    if level is not None and (isinstance(level, bool) or not 0 <= level <= 10):
+        raise ValueError(f"module {module.name!r}: register_usage_level must be an int in 0..10 "
+                         f"or None, got {level!r}")
     MODULES[module.name] = module
     return module
 
@@ -75,6 +85,7 @@ register_module(ModuleDef(
     exports=("quantize_fp8", "attention_fp8_wgmma", "attention_fp8_wgmma_smem_bytes"),
     about="FP8 pre-pass + the Hopper FP8 kernel: warp-specialised, TMA + mbarriers, E4M3 wgmma, "
           "two consumer warpgroups in ping-pong",
+    register_usage_level=8,
 ))
 register_module(ModuleDef(
     "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
@@ -83,6 +94,7 @@ register_module(ModuleDef(
              "attention_nvfp4_wgmma_smem_bytes"),
     about="NVFP4 pre-pass + FP16 expansion + the Hopper NVFP4 kernel: warp-specialised, TMA + "
           "mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
+    register_usage_level=8,
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

@@ -183,6 +183,22 @@ def cuda_flags(arch: str) -> list[str]:
     ]
 
 
+#: The KernelConfig flag that overrides a module's ptxas register usage level (jit/modules.py).
+REGISTER_USAGE_FLAG = "register_usage_level"
+
+
+def module_flags(config: KernelConfig) -> list[str]:
+    """The nvcc flags of one configuration beyond :func:`cuda_flags`: its ptxas register usage
+    level (the ``register_usage_level`` flag, else the module's; none when both are unset)."""
+    level = dict(config.flags).get(REGISTER_USAGE_FLAG, config.definition.register_usage_level)
+    if level is None:
+        return []
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 10:
+        raise ValueError(f"KernelConfig.flags[{REGISTER_USAGE_FLAG!r}]: expected an int in 0..10, "
+                         f"got {level!r}")
+    return ["-Xptxas", f"--register-usage-level={level}"]
+
+
 def link_flags() -> list[str]:
     return ["-shared"]
 
@@ -233,7 +249,7 @@ def compute_uri(config: KernelConfig, source_key: str, nvcc_version: str, tvm_ff
 class JitSpec:
     config: KernelConfig
     sources: tuple[tuple[str, str], ...]  # (rendered file name, text), in template order
-    cuda_flags: tuple[str, ...]  # base flags + FLASHINFER_H3_NVCC_FLAGS
+    cuda_flags: tuple[str, ...]  # base flags + the module's + FLASHINFER_H3_NVCC_FLAGS
     ld_flags: tuple[str, ...]
     source_key: str
     tvm_ffi_version: str
@@ -253,7 +269,7 @@ def make_spec(config: KernelConfig, template_dir: Path | None = None) -> JitSpec
     """Render the configuration's templates and fix its flags and source key (no nvcc needed)."""
     directory = Path(template_dir) if template_dir is not None else templates_dir()
     sources = render_templates(config.templates, config.template_context(), directory)
-    flags = cuda_flags(config.arch) + extra_nvcc_flags()
+    flags = cuda_flags(config.arch) + module_flags(config) + extra_nvcc_flags()
     ld = link_flags()
     key = compute_source_key(config, sources, header_digests(directory / "include"), flags, ld)
     return JitSpec(

@@ -125,3 +125,39 @@ def test_spec_flags_are_the_documented_ones() -> None:
     assert flags[flags.index("-Xptxas") + 1] == "-v"
     assert not any("fast_math" in f or "fast-math" in f for f in flags)
     json.dumps(list(flags))  # recorded in the manifest
+
+
+def test_register_usage_level_of_the_hopper_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    # jit/modules.py: the Hopper modules build at the ptxas register usage level measured fastest,
+    # a KernelConfig flag overrides it, and modules without one get ptxas's default (no option).
+    monkeypatch.delenv("FLASHINFER_H3_NVCC_FLAGS", raising=False)
+    for module in ("fp8_wgmma", "nvfp4_wgmma"):
+        production = make_spec(KernelConfig(module, arch="sm_90a"))
+        assert "--register-usage-level=8" in production.cuda_flags
+        at = production.cuda_flags.index("--register-usage-level=8")
+        assert production.cuda_flags[at - 1] == "-Xptxas"
+        old = make_spec(KernelConfig(module, arch="sm_90a", flags={"register_usage_level": 5}))
+        assert "--register-usage-level=5" in old.cuda_flags
+        assert "--register-usage-level=8" not in old.cuda_flags
+        assert old.uri(NVCC) != production.uri(NVCC)
+    for module in ("utils", "fp8", "nvfp4"):
+        flags = make_spec(KernelConfig(module, arch="sm_90a")).cuda_flags
+        assert not any(f.startswith("--register-usage-level") for f in flags)
+    # The environment's extra flags still come last (they may override the module's).
+    monkeypatch.setenv("FLASHINFER_H3_NVCC_FLAGS", "-Xptxas --register-usage-level=3")
+    flags = make_spec(KernelConfig("fp8_wgmma", arch="sm_90a")).cuda_flags
+    assert flags[-2:] == ("-Xptxas", "--register-usage-level=3")
+
+
+@pytest.mark.parametrize("level", [-1, 11, True, "8"])
+def test_register_usage_level_flag_is_checked(level: object) -> None:
+    with pytest.raises(ValueError, match="register_usage_level"):
+        make_spec(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"register_usage_level": level}))
+
+
+def test_register_usage_level_of_a_module_is_checked() -> None:
+    from flashinfer_h3.jit.modules import ModuleDef, register_module
+
+    with pytest.raises(ValueError, match="register_usage_level"):
+        register_module(ModuleDef("bad_level_for_test", ("utils.cu.jinja",), None,
+                                  register_usage_level=12))
