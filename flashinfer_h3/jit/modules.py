@@ -43,6 +43,13 @@ class ModuleDef:
 MODULES: dict[str, ModuleDef] = {}
 
 
+def check_register_usage_level(level: object, what: str) -> None:
+    """Raise ValueError unless ``level`` is None or an int in ptxas's range 0..10."""
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int)
+                              or not 0 <= level <= 10):
+        raise ValueError(f"{what}: expected an int in 0..10 or None, got {level!r}")
+
+
 def register_module(module: ModuleDef) -> ModuleDef:
     """Add ``module`` to :data:`MODULES` (a name may be registered once)."""
     if module.name in MODULES:
@@ -53,10 +60,8 @@ def register_module(module: ModuleDef) -> ModuleDef:
                          f"{module.archs}")
     if not module.templates:
         raise ValueError(f"module {module.name!r} has no templates")
-    level = module.register_usage_level
-    if level is not None and (isinstance(level, bool) or not 0 <= level <= 10):
-        raise ValueError(f"module {module.name!r}: register_usage_level must be an int in 0..10 "
-                         f"or None, got {level!r}")
+    check_register_usage_level(module.register_usage_level,
+                               f"module {module.name!r}: register_usage_level")
     MODULES[module.name] = module
     return module
 

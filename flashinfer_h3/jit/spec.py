@@ -34,7 +34,7 @@ from .env import (
     templates_dir,
     tvm_ffi_version,
 )
-from .modules import MODULES, ModuleDef, production_modules
+from .modules import MODULES, ModuleDef, check_register_usage_level, production_modules
 from .render import render_templates
 
 #: The production modules (built by warmup and the prebuilt wheel) and every module's templates,
@@ -191,11 +191,9 @@ def module_flags(config: KernelConfig) -> list[str]:
     """The nvcc flags of one configuration beyond :func:`cuda_flags`: its ptxas register usage
     level (the ``register_usage_level`` flag, else the module's; none when both are unset)."""
     level = dict(config.flags).get(REGISTER_USAGE_FLAG, config.definition.register_usage_level)
+    check_register_usage_level(level, f"KernelConfig.flags[{REGISTER_USAGE_FLAG!r}]")
     if level is None:
         return []
-    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 10:
-        raise ValueError(f"KernelConfig.flags[{REGISTER_USAGE_FLAG!r}]: expected an int in 0..10, "
-                         f"got {level!r}")
     return ["-Xptxas", f"--register-usage-level={level}"]
 
 
