@@ -7,7 +7,8 @@ build's (rel L2; 0 means the same numbers). NVFP4 builds: ``quantize_p=False`` (
 without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their products),
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
 P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
-FMUL instead of 1 / s folded into the exponentials), ``kv_copies=False`` (as FP8's, below),
+FMUL instead of 1 / s folded into the exponentials), ``f16_rounding=False`` (rn_e2m1 of P on the
+FP32 y instead of on f16x2 pairs), ``kv_copies=False`` (as FP8's, below),
 ``k_stages`` / ``v_stages`` (the K and V
 ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile),
 ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production 64,
@@ -33,7 +34,8 @@ Builds are timed in turn, in rounds (a drift of the clock under the power cap fa
 them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
 
     python benchmarks/bench_wgmma_variants.py [--op nvfp4,fp8] [--preset h3-10s,h3-mix]
-        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...] [--build-only]
+        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...] [--oracle]
+        [--bias 2] [--build-only]
 
 ``--build-only`` compiles the selected builds into the JIT cache and exits (no GPU needed): with
 ``python -m flashinfer_h3 warmup --arch sm_90a`` it fills a cache that a device run can carry.
@@ -51,7 +53,7 @@ import torch
 
 from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the bench command's
-from flashinfer_h3.benchtools import GpuSampler, KernelOnly
+from flashinfer_h3.benchtools import GpuSampler, KernelOnly, sampled_oracle
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 from flashinfer_h3.plan import cluster_ctas_of, with_schedule
@@ -68,6 +70,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "ptxas register usage level 0": {"register_usage_level": 0},
         "P quantised, always the saturating rounding": {"fast_rounding": False},
         "P quantised as Ptil * r (1 / s not folded into the exponentials)": {"fold_p_scale": False},
+        "P rounded on FP32 values (production until 2026-12-04)": {"f16_rounding": False},
         "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
@@ -125,15 +128,23 @@ def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, An
 
 
 def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
-        only: str | None, extra: list[tuple[str, Path]]) -> None:
+        only: str | None, extra: list[tuple[str, Path]], oracle: bool = False,
+        bias: float = 0.0) -> None:
     """Times every selected build of ``op`` on one input: ``rounds`` rounds, each timing every
     build once (``iters`` calls) in turn, so that a slow drift of the clock under the power cap
-    falls on all builds alike; prints the median over the rounds."""
+    falls on all builds alike; prints the median over the rounds. ``oracle``: also each build's
+    relative L2 against the FP32 oracle on sampled rows (benchtools.sampled_oracle); ``bias``:
+    q and k get a per-channel bias of ``bias`` N(0, 1) (SPEC 5's real-model-like inputs)."""
     tokens = sum(lengths)
     bounds = tuple(int(x) for x in torch.tensor((0, *lengths)).cumsum(0).tolist())
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(tokens, heads, 128, generator=g, device="cuda").bfloat16()
+    q, k, v = (torch.randn(tokens, heads, 128, generator=g, device="cuda")
                for _ in range(3))
+    if bias:
+        q += bias * torch.randn(heads, 128, generator=g, device="cuda")
+        k += bias * torch.randn(heads, 128, generator=g, device="cuda")
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    sampled = sampled_oracle(q, k, v, bounds) if oracle else None
     out = torch.empty_like(q)
     module_name, backend_name = MODULES[op]
     backend = backends.get(op, backend_name)
@@ -164,7 +175,10 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         else:
             ref = production.float()
             rel = ((result.float() - ref).norm() / ref.norm()).item()
-            diff = f", rel L2 vs production {rel:.2e}"
+            changed = (result != production).float().mean().item()
+            diff = f", rel L2 vs production {rel:.2e} ({changed:.1e} of the elements differ)"
+        if sampled is not None:
+            diff += f", rel L2 vs FP32 oracle {sampled.rel_l2(result):.5f}"
         builds.append((name, ko, diff))
     if op == "fp8" and production is not None and (not only or "striding" in only):
         # The production build with the CTAs striding over the items (CTA b takes b, b + G, ...;
@@ -211,6 +225,11 @@ def main() -> None:
     ap.add_argument("--only", default=None,
                     help="run only the variants whose name contains one of these comma-separated "
                     "substrings (and the production build)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="also print each build's relative L2 against the FP32 oracle "
+                    "(sampled rows)")
+    ap.add_argument("--bias", type=float, default=0.0,
+                    help="a per-channel bias of BIAS N(0, 1) on q and k (real-model-like inputs)")
     ap.add_argument("--build-only", action="store_true",
                     help="compile the selected builds into the JIT cache and exit (no GPU needed)")
     args = ap.parse_args()
@@ -247,7 +266,8 @@ def main() -> None:
         extra.append((op_name, Path(path_text)))
     for name, lengths_, heads in shapes:
         for op in ops:
-            run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra)
+            run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra,
+                args.oracle, args.bias)
 
 
 if __name__ == "__main__":

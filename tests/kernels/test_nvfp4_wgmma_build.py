@@ -14,7 +14,8 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
 The P quantisation's rounding (numerics/e2m1_round.cuh) is compiled as host C++ and checked on
 every non-negative float bit pattern (2^31 of them: zero, subnormals, normals, inf, NaN) against
 an independent search of the E2M1 grid (its unsaturated fast path on every float below 7), and
-on the ties and a random sample against formats.py's ``rn_e2m1``.
+on the ties and a random sample against formats.py's ``rn_e2m1``; its f16x2 forms (the
+production kernel's) on every non-negative FP16 pattern in both halves.
 """
 
 from __future__ import annotations
@@ -132,6 +133,56 @@ static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); re
 namespace flashinfer_h3 {
 static inline float fminf(float a, float b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
 static inline float fmaxf(float a, float b) { return a != a ? b : (b != b ? a : (a > b ? a : b)); }
+
+// The f16x2 operations of the header's f16x2 forms, per half, as PTX defines them: FP16 values
+// decoded exactly to double; fma.rn.f16x2 as one rounding to FP16 of the double fma (a b + c is
+// exact in double for the operands the rounding uses: u C with u in {1, 2, 4} plus an FP16
+// value); max / min.f16x2 returning the other operand for a NaN one.
+static inline double half_to_double(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double mag =
+      e == 0x1F ? (m ? NAN : INFINITY) : (e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25));
+  return (h & 0x8000) ? -mag : mag;
+}
+// Round to FP16, nearest even (d's magnitude below 2^-14: the subnormal quantum 2^-24).
+static inline uint16_t double_to_half_rn(double d) {
+  if (d != d) return 0x7E00;
+  const uint16_t sign = signbit(d) ? 0x8000 : 0;
+  double a = fabs(d);
+  int e = 0;
+  frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  const double q = a < 0x1p-14 ? 0x1p-24 : ldexp(1.0, e - 11);
+  a = nearbyint(a / q) * q;  // the default rounding mode: to nearest, ties to even
+  if (a >= 65520.0) return sign | 0x7C00;
+  if (a < 0x1p-14) return sign | (uint16_t)(a * 0x1p24);
+  frexp(a, &e);
+  return sign | (uint16_t)((e + 14) << 10) | (uint16_t)(ldexp(a, 11 - e) - 1024.0);
+}
+static inline double nan_min(double a, double b) {
+  return a != a ? b : (b != b ? a : (a < b ? a : b));
+}
+static inline double nan_max(double a, double b) {
+  return a != a ? b : (b != b ? a : (a > b ? a : b));
+}
+template <class Op>
+static inline uint32_t per_half(uint32_t a, uint32_t b, uint32_t c, Op op) {
+  uint32_t out = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int at = 16 * i;
+    const double r = op(half_to_double(a >> at), half_to_double(b >> at), half_to_double(c >> at));
+    out |= (uint32_t)double_to_half_rn(r) << (16 * i);
+  }
+  return out;
+}
+static inline uint32_t h2_fma_rn(uint32_t a, uint32_t b, uint32_t c) {
+  return per_half(a, b, c, [](double x, double y, double z) { return fma(x, y, z); });
+}
+static inline uint32_t h2_max(uint32_t a, uint32_t b) {
+  return per_half(a, b, 0, [](double x, double y, double) { return nan_max(x, y); });
+}
+static inline uint32_t h2_min(uint32_t a, uint32_t b) {
+  return per_half(a, b, 0, [](double x, double y, double) { return nan_min(x, y); });
+}
 }  // namespace flashinfer_h3
 
 #include "numerics/e2m1_round.cuh"
@@ -170,6 +221,29 @@ extern "C" int64_t check_range_below7(uint32_t begin, uint32_t end) {
   return 0;
 }
 
+// Every non-negative FP16 pattern (+0 .. +inf and the NaNs) in the low half of an f16x2 word and
+// a different one in the high half, through both f16x2 forms (the unsaturated one on values
+// below 7): returns -(first failing low pattern) - 1, or 0.
+extern "C" int64_t check_halves() {
+  using flashinfer_h3::half_to_double;
+  for (uint32_t lo = 0; lo < 0x8000u; ++lo) {
+    const uint32_t hi = (lo * 40503u + 12345u) & 0x7FFFu;  // a permutation of the patterns
+    const uint32_t y = lo | (hi << 16);
+    const uint32_t sat = flashinfer_h3::e2m1_round_nonneg_h2(y);
+    const uint32_t fast = flashinfer_h3::e2m1_round_below7_h2(y);
+    for (int i = 0; i < 2; ++i) {
+      const uint16_t in = (uint16_t)(y >> (16 * i));
+      const uint16_t got_sat = (uint16_t)(sat >> (16 * i)), got_fast = (uint16_t)(fast >> (16 * i));
+      const float want = grid_round((float)half_to_double(in));
+      // The value and a + sign: 0 comes out as +0.
+      const bool bad_sat = half_to_double(got_sat) != want || (got_sat & 0x8000u);
+      const bool bad_fast = half_to_double(got_fast) != want || (got_fast & 0x8000u);
+      if (bad_sat || (half_to_double(in) < 7.0 && bad_fast)) return -(int64_t)lo - 1;
+    }
+  }
+  return 0;
+}
+
 extern "C" void round_all(const float* y, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = flashinfer_h3::e2m1_round_nonneg(y[i]);
 }
@@ -183,6 +257,8 @@ def rounding(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib_.check_range.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
     lib_.check_range_below7.restype = ctypes.c_int64
     lib_.check_range_below7.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    lib_.check_halves.restype = ctypes.c_int64
+    lib_.check_halves.argtypes = []
     lib_.round_all.restype = None
     lib_.round_all.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return lib_
@@ -205,6 +281,13 @@ def test_e2m1_round_below7_every_float_below_7(rounding: ctypes.CDLL) -> None:
     mid = seven // 2
     assert rounding.check_range_below7(0, mid) == 0
     assert rounding.check_range_below7(mid, seven) == 0
+
+
+def test_e2m1_round_h2_every_half(rounding: ctypes.CDLL) -> None:
+    """The f16x2 forms the kernel uses (``kF16Rounding``): every non-negative FP16 pattern in
+    both halves against the grid search, and ties to the even code."""
+    result = rounding.check_halves()
+    assert result == 0, f"first failing FP16 pattern 0x{-result - 1:04x}"
 
 
 def test_e2m1_round_matches_formats(rounding: ctypes.CDLL) -> None:

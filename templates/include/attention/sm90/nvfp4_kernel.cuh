@@ -65,8 +65,9 @@ enum Nvfp4Variant : int {
   kFoldPScale = 32,     // 1 / s of the P groups folded into the exponentials (off: Ptil * r; nvfp4_softmax.cuh)
   kDynamicOrder = 64,   // the dynamic item order (off: static striding; tile_scheduler.cuh)
   kCopyKvTiles = 128,   // K and V copied for every tile (off: once per ring slot, later tiles reuse it)
+  kF16Rounding = 256,   // rn_e2m1 of P on f16x2 pairs (off: on FP32 values; nvfp4_softmax.cuh)
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
-                     kDynamicOrder | kCopyKvTiles,
+                     kDynamicOrder | kCopyKvTiles | kF16Rounding,
 };
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
@@ -284,7 +285,8 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
-    nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0, (kVariant & kFoldPScale) != 0>(
+    nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0, (kVariant & kFoldPScale) != 0,
+                       (kVariant & kF16Rounding) != 0>(
         s, pa, st, c, sm.recip, sm.p_fold);
   } else {
 #pragma unroll

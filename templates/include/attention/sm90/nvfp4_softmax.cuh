@@ -100,7 +100,14 @@ __device__ __forceinline__ PGroupScale p_group_scale(float pmax, float row_bias,
 // One 16-key group of one row: the 16 Ptil values (kFold: y = Ptil / s) at accumulator indices
 // 4i + 2r + e of the window's i = 8w .. 8w + 7 -> 8 f16x2 A registers 2i + r. kQuantizeP = false
 // (benchmark builds only) packs Ptil itself, to measure what the quantisation costs.
-template <bool kQuantizeP, bool kSaturate, bool kFold>
+//
+// kF16: each pair of y is rounded to FP16 first (the conversion the FP16 A operand needs anyway)
+// and rn_e2m1 runs on the f16x2 pair (numerics/e2m1_round.cuh): 5 ops a pair instead of 9. The
+// E2M1 rounding is exact for its FP16 input; the FP16 step is one more approximation of y, next
+// to ex2.approx's: the code differs from that of the FP32 y only where y lies within half an FP16
+// ulp (2^-11 relative) of a rounding tie, and then by one grid step (benchmarks/RESULTS.md,
+// sixteenth session, gives the outputs' distance; the row sums stay FP32 on the FP32 y).
+template <bool kQuantizeP, bool kSaturate, bool kFold, bool kF16>
 __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t (&pa)[32], int w, int r,
                                                  const PGroupScale& g) {
   const __half2 s2 = *reinterpret_cast<const __half2*>(&g.s2);
@@ -110,10 +117,15 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t 
     if constexpr (kQuantizeP) {
       const float y0 = kFold ? p[4 * i + 2 * r] : __fmul_rn(p[4 * i + 2 * r], g.recip);
       const float y1 = kFold ? p[4 * i + 2 * r + 1] : __fmul_rn(p[4 * i + 2 * r + 1], g.recip);
-      // rn_e2m1 values are exact in FP16, and so is their product with s (<= 6 significant bits).
-      const float v0 = kSaturate ? e2m1_round_nonneg(y0) : e2m1_round_below7(y0);
-      const float v1 = kSaturate ? e2m1_round_nonneg(y1) : e2m1_round_below7(y1);
-      h = __hmul2(__floats2half2_rn(v0, v1), s2);
+      if constexpr (kF16) {
+        const uint32_t y = h2_bits(__floats2half2_rn(y0, y1));
+        h = __hmul2(h2_value(kSaturate ? e2m1_round_nonneg_h2(y) : e2m1_round_below7_h2(y)), s2);
+      } else {
+        // rn_e2m1 values are exact in FP16, and so is their product with s (<= 6 significant bits).
+        const float v0 = kSaturate ? e2m1_round_nonneg(y0) : e2m1_round_below7(y0);
+        const float v1 = kSaturate ? e2m1_round_nonneg(y1) : e2m1_round_below7(y1);
+        h = __hmul2(__floats2half2_rn(v0, v1), s2);
+      }
     } else {
       h = __floats2half2_rn(p[4 * i + 2 * r], p[4 * i + 2 * r + 1]);
     }
@@ -139,7 +151,7 @@ __device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
 // FFMA and ex2), so the group's largest Ptil is that of its largest score, and the row maximum
 // is the maximum of the row's group maxima. That is one max pass instead of two, and (without
 // kFold) the scales are under way while the 64 exponentials run.
-template <bool kQuantizeP, bool kFastRounding, bool kFoldIn>
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding>
 __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa)[32], Nvfp4RowState& st, float c,
                                                    const float* recip_table, const PScaleFold* fold_table) {
   constexpr bool kFold = kFoldIn && kQuantizeP;
@@ -199,13 +211,13 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true, kFold>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
     }
   } else {
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false, kFold>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
     }
   }
 }
