@@ -118,7 +118,8 @@ __device__ __forceinline__ void delta_as_scores_of_iteration(float (&s)[64], con
 // variant, without the barrier arrivals).
 __device__ __forceinline__ void nvfp4_alu(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], sm90::Nvfp4RowState& st,
                                           const Operands& op) {
-  sm90::nvfp4_softmax_tile<true, true, true>(s, pa, st, kNvfp4C, op.recip, op.p_fold);
+  sm90::nvfp4_softmax_tile</*kQuantizeP=*/true, /*kFastRounding=*/true, /*kFoldIn=*/true,
+                           /*kF16Rounding=*/true>(s, pa, st, kNvfp4C, op.recip, op.p_fold);
   sm90::rescale_o(o, st);
 }
 

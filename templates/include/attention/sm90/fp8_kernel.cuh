@@ -383,7 +383,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Fp8Params& p) {
     st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
     const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     if constexpr (!Opt::kDynamic) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
@@ -551,7 +551,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
     const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
     const int last_block = (it.seg_len - 1) / kTileKeys;  // the segment's last 128-key block
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    for (int j = 0; j < 64; ++j) o[j] = 0.0f;
     const int tiles = (it.seg_len + kKeys - 1) / kKeys;
     ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
