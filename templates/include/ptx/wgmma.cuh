@@ -2,7 +2,8 @@
 // Matrix Multiply-Accumulate"), sm_90a. Only what the Hopper attention kernels use:
 // m64n128k32 with E4M3 inputs (the FP8 kernel) and m64n128k16 with FP16 inputs (the NVFP4
 // kernel), FP32 accumulation, A from shared memory (SS) or registers (RS), B always from shared
-// memory, both K-major (the only major order 8-bit types allow).
+// memory, both K-major (the only major order 8-bit types allow); and m64n64k16 FP16 SS, the QK^T
+// of 64-key tiles that benchmarks/sm90_pipes.cu times.
 //
 // Fragment layouts (9.7.15.5.1; the warpgroup's 128 threads, warp w, lane = 4 g + t):
 //   accumulator d[4i + 2r + e]  = D[16w + g + 8r][8i + 2t + e]          (i = 0..15 for N = 128)
@@ -216,6 +217,28 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16_rs(float (&d)[64], const ui
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// D (+)= A B^T, m64n64k16, f16 x f16 -> FP32, A and B from shared memory (PTX ISA 9.7.15.5.2,
+// wgmma.mma_async: N may be any multiple of 8 up to 256 for 16-bit inputs). The accumulator is
+// the N = 128 layout cut at column 64: d[4i + 2r + e] = D[16w + g + 8r][8i + 2t + e], i < 8, 32
+// registers. B is 64 K-major rows: the first 64 rows of a 128-row tile in the 128-byte swizzle
+// (the same descriptor; the swizzle pattern repeats every 8 rows, so any 8-row-aligned start works).
+__device__ __forceinline__ void wgmma_m64n64k16_f16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                       uint32_t accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 }  // namespace ptx

@@ -1,6 +1,8 @@
 // Online softmax and the in-register P quantisation of the NVFP4 recipe (SPEC 3.6-3.8) on one
 // consumer thread's fragment of a 64 x 128 wgmma accumulator: two rows (g and g + 8 of its
-// warp's 16), 32 key positions of each, in the window key order of nvfp4_key_order.cuh.
+// warp's 16), 32 key positions of each, in the window key order of nvfp4_key_order.cuh. The same
+// functions take the fragment of a 64 x 64 accumulator (one 64-key window: 16 positions a row,
+// one P group), which benchmarks/sm90_pipes.cu times for a schedule of 64-key tiles.
 //
 // Per KV tile (128 keys from a multiple of 128 after the segment start, the reference's tile):
 //   S    = dot + delta  (delta, or -inf past the segment, is the accumulator's initial value)
@@ -107,8 +109,8 @@ __device__ __forceinline__ PGroupScale p_group_scale(float pmax, float row_bias,
 // to ex2.approx's: the code differs from that of the FP32 y only where y lies within half an FP16
 // ulp (2^-11 relative) of a rounding tie, and then by one grid step (benchmarks/RESULTS.md,
 // sixteenth session, gives the outputs' distance; the row sums stay FP32 on the FP32 y).
-template <bool kQuantizeP, bool kSaturate, bool kFold, bool kF16>
-__device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t (&pa)[32], int w, int r,
+template <bool kQuantizeP, bool kSaturate, bool kFold, bool kF16, int kN>
+__device__ __forceinline__ void quantize_p_group(const float (&p)[kN], uint32_t (&pa)[kN / 2], int w, int r,
                                                  const PGroupScale& g) {
   const __half2 s2 = *reinterpret_cast<const __half2*>(&g.s2);
 #pragma unroll
@@ -134,7 +136,8 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[64], uint32_t 
 }
 
 // The maximum of one group's 16 scores (a tree: the scale waits on it).
-__device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
+template <int kN>
+__device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
   float m[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) m[j] = fmaxf(s[4 * (8 * w + j) + 2 * r], s[4 * (8 * w + j) + 2 * r + 1]);
@@ -151,30 +154,38 @@ __device__ __forceinline__ float group_max(const float (&s)[64], int w, int r) {
 // FFMA and ex2), so the group's largest Ptil is that of its largest score, and the row maximum
 // is the maximum of the row's group maxima. That is one max pass instead of two, and (without
 // kFold) the scales are under way while the 64 exponentials run.
-template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding>
-__device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa)[32], Nvfp4RowState& st, float c,
-                                                   const float* recip_table, const PScaleFold* fold_table) {
+//
+// kN: the fragment's accumulator registers, 64 (a 128-key tile: two 64-key windows) or 32 (a
+// 64-key tile: one window, so one group a row and no second group maximum to merge).
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN>
+__device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa)[kN / 2], Nvfp4RowState& st,
+                                                   float c, const float* recip_table, const PScaleFold* fold_table) {
+  static_assert(kN == 64 || kN == 32, "a 64 x 128 or 64 x 64 accumulator fragment");
+  constexpr int kWindows = kN / 32;  // 64-key windows of the tile = P groups of a row
   constexpr bool kFold = kFoldIn && kQuantizeP;
-  float gmax[2][2];  // [window][row]
+  float gmax[kWindows][2];  // [window][row]
 #pragma unroll
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) gmax[w][r] = group_max(s, w, r);
   }
   float bias[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    float row_max = gmax[0][r];
+#pragma unroll
+    for (int w = 1; w < kWindows; ++w) row_max = fmaxf(row_max, gmax[w][r]);
     // Every tile has a key of the segment, so m_new is finite; m = -inf before the first tile
     // gives alpha = 0 (O and l are 0 then).
-    const float m_new = fmaxf(st.m[r], quad_max(fmaxf(gmax[0][r], gmax[1][r])));
+    const float m_new = fmaxf(st.m[r], quad_max(row_max));
     st.alpha[r] = ptx::ex2_approx((st.m[r] - m_new) * c);
     st.m[r] = m_new;
     bias[r] = m_new * c - kLog2Nvfp4PScale;
   }
-  PGroupScale scale[2][2];
+  PGroupScale scale[kWindows][2];
   bool saturates = false;
 #pragma unroll
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       scale[w][r] = p_group_scale<kFold>(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), bias[r], recip_table,
@@ -183,21 +194,26 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa
     }
   }
   if constexpr (kFold) {
-    float ysum[2][2] = {};  // [window][row]
+    float ysum[kWindows][2] = {};  // [window][row]
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < kN; ++i) {
       const int w = i >> 5, r = (i >> 1) & 1;
       s[i] = ptx::ex2_approx(fmaf(s[i], c, -scale[w][r].bias));  // y = Ptil / s; -inf (masked) -> 0
       ysum[w][r] += s[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      st.l[r] = fmaf(st.l[r], st.alpha[r], fmaf(scale[0][r].weight, ysum[0][r], scale[1][r].weight * ysum[1][r]));
+      // sum over windows of s_w * ysum_w, the last window's product first (two windows:
+      // fmaf(s_0, ysum_0, s_1 ysum_1)).
+      float tile_sum = scale[kWindows - 1][r].weight * ysum[kWindows - 1][r];
+#pragma unroll
+      for (int w = kWindows - 2; w >= 0; --w) tile_sum = fmaf(scale[w][r].weight, ysum[w][r], tile_sum);
+      st.l[r] = fmaf(st.l[r], st.alpha[r], tile_sum);
     }
   } else {
     float lsum[2][2] = {};
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < kN; ++i) {
       const int r = (i >> 1) & 1;
       s[i] = ptx::ex2_approx(fmaf(s[i], c, -bias[r]));  // -inf (masked) -> 0
       lsum[r][i & 1] += s[i];
@@ -209,13 +225,13 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[64], uint32_t (&pa
   // far below the row max); warp-uniform, so no divergence. kFastRounding = false: always.
   if (!kFastRounding || __any_sync(0xffffffffu, saturates)) {
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
     }
   } else {
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
     }
