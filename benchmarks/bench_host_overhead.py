@@ -2,13 +2,14 @@
 
 The GPU is kept busy by a long sleep kernel queued first, so the host never waits for it and the
 per-call time is pure launch-path cost, as long as the timed launches fit in the GPU's launch
-queue (about a thousand kernels): a call of the Hopper NVFP4 backend launches 7 kernels (three
-pre-pass, three FP16 expansion, the attention kernel), so 200 calls overflowed it and the host
-then waited for the sleep (a measured "519 us" a call was that wait). Hence 64 calls a repeat.
+queue (about a thousand kernels): a call of the Hopper NVFP4 backend launched 7 kernels when its
+pre-pass still had a separate FP16 expansion (three pre-pass, three expansion, the attention
+kernel; now 4 and the item counter's memset), so 200 calls overflowed it and the host then
+waited for the sleep (a measured "519 us" a call was that wait). Hence 64 calls a repeat.
 The call is split into its parts:
 
-- ``full``: the public operator (validation, plan and workspace lookup, the backend's tvm-ffi
-  calls: two, three for the Hopper NVFP4 backend);
+- ``full``: the public operator (validation, plan and workspace lookup, the backend's two tvm-ffi
+  calls: the pre-pass and the attention kernel);
 - ``python``: the same call with the kernel backend replaced by a no-op (our Python only);
 - ``kernels``: the tvm-ffi calls alone, arguments prepared once (binding + launches);
 - ``torch add_``: one tiny torch launch, the yardstick of this machine's launch cost.

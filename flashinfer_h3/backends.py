@@ -532,27 +532,21 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
 
 
 def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:
-    """The NVFP4 pre-pass, its FP16 expansion and the Hopper NVFP4 kernel of module
-    ``nvfp4_wgmma``. The expansion and the kernel take the plan's used V columns
-    (``vkey_start[S]``): their K and V tensor maps end there."""
-    quantize, expand = module.quantize_nvfp4, module.expand_nvfp4_fp16
-
-    def prepass(q: Tensor, k: Tensor, v: Tensor, *args: Any) -> None:
-        *quantize_args, expand_args = args
-        quantize(q, k, v, *quantize_args)
-        expand(*expand_args)
+    """The NVFP4 pre-pass that writes the FP16 operands (``quantize_nvfp4_fp16``: means, then
+    q_f16, k_f16, v_f16; no codes) and the Hopper NVFP4 kernel of module ``nvfp4_wgmma``. The
+    kernel takes the plan's used V columns (``vkey_start[S]``): its K and V tensor maps end
+    there."""
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
-        seg_bounds, vkey_start, qblock_start, qblocks = plan.args
-        # views: the 8 NVFP4 regions (kbar, qbar, q/k codes and scales, v codes and scales),
-        # then q_f16, k_f16, v_f16, item_counter
-        nvfp4, fp16, counter = views[:8], views[8:11], views[11]
-        used = plan.host.vkey_start[-1]
-        expand_args = (*nvfp4[2:], seg_bounds, vkey_start, *fp16, used)
-        return ((seg_bounds, vkey_start, qblock_start, qblocks, *nvfp4, expand_args),
-                (nvfp4[1], *fp16, seg_bounds, vkey_start, qblock_start, qblocks, counter), (used,))
+        tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
+        # views: kbar, qbar, q_f16, k_f16, v_f16, item_counter
+        kbar, qbar, q_f16, k_f16, v_f16, counter = views
+        fp16 = (q_f16, k_f16, v_f16)
+        return ((*tables, kbar, qbar, *fp16), (qbar, *fp16, *tables, counter),
+                (plan.host.vkey_start[-1],))
 
-    return prepass_attention_launcher(prepass, module.attention_nvfp4_wgmma, derive)
+    return prepass_attention_launcher(module.quantize_nvfp4_fp16, module.attention_nvfp4_wgmma,
+                                      derive)
 
 
 def reference_launcher(module: Any, backend: Backend) -> Launch:

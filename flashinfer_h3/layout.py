@@ -47,14 +47,18 @@ FP8 key order: within each 16-key group (from the segment start) key ``8h + 2q +
 column ``4q + 2h + e`` (``reference.fp8_v_column``), the order in which an FP8 MMA's accumulator
 holds P, so P packs into the PV product's A operand without shuffles.
 
-NVFP4 FP16 regions (layout ``nvfp4_fp16``, the Hopper kernel ``wgmma_fp16_nvfp4``): every NVFP4
-region above, then the operands expanded to FP16 (value = scale * code, exact), in the shapes
-TMA reads them:
+NVFP4 FP16 regions (layout ``nvfp4_fp16``, the Hopper kernel ``wgmma_fp16_nvfp4``): the means,
+then the NVFP4 operands as the pre-pass's FP16 output policy writes them (each value
+``scale * code``, exact in FP16; no codes or scales are stored), in the shapes TMA reads them:
 
 ==========  =====  ===========================  ==============================================
+kbar        f32    [S, H, 128]                  per-segment mean of k, as above
+qbar        f32    [q_blocks_cap, H, 128]       per-128-row-block mean of q, as above
 q_f16       f16    [H, T, 128]                  Q' rows in token order
 k_f16       f16    [H, vkeys_cap, 128]          K' rows at padded key positions, window order
-v_f16       f16    [H, 128, vkeys_cap]          V^T columns at the same positions
+v_f16       f16    [H, 128, vkeys_cap]          V^T columns at the same positions; launch 1 of
+                                                the pre-pass parks its k block sums in its
+                                                used columns before launch 3 writes them
 item_counter i32   [1]                          the Hopper kernel's dynamic item order (below)
 ==========  =====  ===========================  ==============================================
 
@@ -65,7 +69,7 @@ else reads or writes it.
 
 Window order: within each 64-key window from the segment start, position ``8i + 2t + e`` holds
 key ``16t + 2i + e`` (:func:`window_key_at`), so that a wgmma accumulator thread holds whole
-16-key P groups; positions past a segment's last key hold zeros.
+16-key P groups; positions past a segment's last key hold zeros (K and V alike).
 
 Padded V keys: segment ``s`` owns padded key columns ``[vkey_start[s], vkey_start[s+1])`` (see
 ``plan.py``); the columns past its last real key hold code 0 and scale 0 (written by the
@@ -189,19 +193,20 @@ def nvfp4_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
 
 
 def nvfp4_fp16_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout:
-    """The NVFP4 regions, then the FP16 operands of the Hopper NVFP4 kernel (``wgmma_fp16_nvfp4``)
-    that the pre-pass's second step expands from them (see the module doc)."""
-    base = nvfp4_layout(tokens, heads, segments)
-    T, H, D = tokens, heads, HEAD_DIM
-    nvk = vkeys_cap(tokens, segments)
-    f16 = torch.float16
-    specs = [(r.name, r.dtype, r.shape) for r in base.regions] + [
+    """The means and the FP16 operands of the Hopper NVFP4 kernel (``wgmma_fp16_nvfp4``), which
+    its pre-pass writes directly (see the module doc), and the kernel's item counter."""
+    _check_counts(tokens, heads, segments)
+    T, H, S, D = tokens, heads, segments, HEAD_DIM
+    nqb, nvk = q_blocks_cap(T, S), vkeys_cap(T, S)
+    f16, f32 = torch.float16, torch.float32
+    return _pack("nvfp4_fp16", T, H, S, [
+        ("kbar", f32, (S, H, D)),
+        ("qbar", f32, (nqb, H, D)),
         ("q_f16", f16, (H, T, D)),
         ("k_f16", f16, (H, nvk, D)),
         ("v_f16", f16, (H, D, nvk)),
         ("item_counter", torch.int32, (1,)),
-    ]
-    return _pack("nvfp4_fp16", T, H, segments, specs)
+    ])
 
 
 def window_key_at(position: int) -> int:

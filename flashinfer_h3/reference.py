@@ -38,6 +38,19 @@ Entry points
   ===========  =====  ==================  ====================================================
 
   Padded V columns (past a segment's last key, up to its multiple of 64) hold code 0, scale 0.
+
+- ``nvfp4_fp16_operands``: the same NVFP4 operands as the Hopper kernel reads them (layout
+  ``nvfp4_fp16``, backend ``wgmma_fp16_nvfp4``), each value ``s * code`` exactly, as FP16:
+
+  ===========  =====  ==================  ====================================================
+  q_f16        f16    [H, T, 128]         Q' values, token order
+  k_f16        f16    [H, NV, 128]        K' values at padded positions in the window order
+                                          (``layout.window_key_at``), zeros past a segment's
+                                          last key
+  v_f16        f16    [H, 128, NV]        V^T values at the same positions (the padding's
+                                          values are 0: code 0, scale 0)
+  ===========  =====  ==================  ====================================================
+
   ``trim_stages`` cuts the layout's workspace views down to these shapes, so a kernel's
   workspace compares bit for bit with ``torch.equal``. The ``*_attention_from_stages`` functions
   also accept the uncut views (extra qbar rows / V columns are ignored).
@@ -68,7 +81,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from . import formats as F
-from .layout import GROUP, HEAD_DIM, Q_BLOCK
+from .layout import GROUP, HEAD_DIM, Q_BLOCK, V_KEY_PAD
 from .plan import HostPlan, build_host_plan
 
 LOG2E = math.log2(math.e)
@@ -84,11 +97,13 @@ __all__ = [
     "fp8_quantize_stages",
     "log2_softmax_scale",
     "nvfp4_attention_from_stages",
+    "nvfp4_fp16_operands",
     "nvfp4_means",
     "nvfp4_quantize_stages",
     "trim_stages",
     "varlen_attention_fp8_reference",
     "varlen_attention_nvfp4_reference",
+    "window_order",
 ]
 
 CuSeqlens = torch.Tensor | Sequence[int]
@@ -339,6 +354,40 @@ def fp8_quantize_stages(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     v_codes = _transpose_v(F.fp8_quantize(vf, v_scales[seg]), vcol, nv)
     return {"kbar": kbar, "q_codes": q_codes, "q_scales": q_scales, "k_codes": k_codes,
             "k_scales": k_scales, "v_codes": v_codes, "v_scales": v_scales}
+
+
+def window_order(columns: int, device: torch.device | None = None) -> torch.Tensor:
+    """``key[p]``: the padded key column whose value padded position ``p`` holds in the window
+    order of the Hopper NVFP4 kernel, for ``columns`` (a multiple of 64) positions: within every
+    64-key window, position ``8i + 2t + e`` holds key ``16t + 2i + e`` (``layout.window_key_at``).
+    Segments start on multiples of 64 padded columns, so the windows are the segments' own."""
+    if columns % V_KEY_PAD:
+        raise ValueError(f"columns must be a multiple of {V_KEY_PAD}, got {columns}")
+    p = torch.arange(columns, device=device)
+    w = p % V_KEY_PAD
+    return p - w + 16 * ((w >> 1) & 3) + 2 * (w >> 3) + (w & 1)
+
+
+def nvfp4_fp16_operands(stages: dict[str, torch.Tensor], cu_seqlens: CuSeqlens, *,
+                        cu_seqlens_host: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """The NVFP4 operands of ``stages`` (:func:`nvfp4_quantize_stages`, or a kernel's codes cut
+    by :func:`trim_stages`) as the Hopper NVFP4 kernel reads them: ``q_f16``, ``k_f16``,
+    ``v_f16`` (module doc table), every value ``s * code`` (exact in FP16, signed zeros kept:
+    code 8 is -0). What the pre-pass of backend ``wgmma_fp16_nvfp4`` must write, bit for bit."""
+    T = stages["q_codes"].shape[1]
+    plan = _plan(cu_seqlens, T, cu_seqlens_host)
+    nv = plan.vkey_start[-1]
+    device = stages["q_codes"].device
+    qhat = F.nvfp4_dequantize(stages["q_codes"], stages["q_scales"])  # [H, T, 128]
+    khat = F.nvfp4_dequantize(stages["k_codes"], stages["k_scales"])  # [H, T, 128]
+    vhat = F.nvfp4_dequantize(stages["v_codes"][..., : nv // 2],
+                              stages["v_scales"][..., : nv // GROUP])  # [H, 128, NV]
+    _, _, vcol = _token_maps(plan, device)
+    kpad = torch.zeros(khat.shape[0], nv, HEAD_DIM, dtype=torch.float32, device=device)
+    kpad.index_copy_(1, vcol, khat)  # key rows at their padded columns, zeros between
+    order = window_order(nv, device)
+    return {"q_f16": qhat.half(), "k_f16": kpad[:, order].half(),
+            "v_f16": vhat[:, :, order].half()}
 
 
 def trim_stages(op: str, stages: dict[str, torch.Tensor], cu_seqlens: CuSeqlens, *,

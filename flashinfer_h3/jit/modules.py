@@ -95,10 +95,9 @@ register_module(ModuleDef(
 register_module(ModuleDef(
     "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
     archs=("sm_90a",),
-    exports=("quantize_nvfp4", "expand_nvfp4_fp16", "attention_nvfp4_wgmma",
-             "attention_nvfp4_wgmma_smem_bytes"),
-    about="NVFP4 pre-pass + FP16 expansion + the Hopper NVFP4 kernel: warp-specialised, TMA + "
-          "mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
+    exports=("quantize_nvfp4_fp16", "attention_nvfp4_wgmma", "attention_nvfp4_wgmma_smem_bytes"),
+    about="NVFP4 pre-pass writing FP16 operands + the Hopper NVFP4 kernel: warp-specialised, TMA "
+          "+ mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
     register_usage_level=8,
 ))
 register_module(ModuleDef(

@@ -1,10 +1,12 @@
 """GPU tests of the NVFP4 attention kernel (``attention_nvfp4`` of the nvfp4 module).
 
-The kernel is fed the reference's own quantized operands (``reference.nvfp4_quantize_stages``)
-copied into a workspace laid out by ``layout.py``, so these tests exercise the attention kernel
-alone, independent of the quantization pre-pass. Every byte of the workspace the copy does not
-fill holds 0x7F (a NaN UE4M3 scale, +-6 codes, a huge float), and the output starts as NaN, so
-a kernel that reads an unused byte or forgets a row cannot pass.
+The kernel is fed the reference's own quantized operands (``reference.nvfp4_quantize_stages``;
+for the Hopper kernel, which reruns these cases, the same operands as FP16 values,
+``reference.nvfp4_fp16_operands``) copied into a workspace laid out by ``layout.py``, so these
+tests exercise the attention kernel alone, independent of the quantization pre-pass. Every byte
+of the workspace the copy does not fill holds 0x7F (a NaN UE4M3 scale, +-6 codes, a huge float),
+and the output starts as NaN, so a kernel that reads an unused byte or forgets a row cannot
+pass.
 
 Per case: every output element finite and no byte of ``out`` past the tokens touched; relative L2
 against the reference emulation fed the same operands (``reference.nvfp4_attention_from_stages``)
@@ -130,6 +132,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]
     T, H, _ = q.shape
     stages = R.nvfp4_quantize_stages(q, k, v, bounds)
     layout = layout_fn(T, H, len(bounds) - 1)
+    if layout.op == "nvfp4_fp16":  # the Hopper kernel reads the operands as FP16 values
+        stages.update(R.nvfp4_fp16_operands(stages, bounds))
     ws = torch.full((layout.total_bytes,), POISON, dtype=torch.uint8, device="cuda")
     views = layout.views(ws)
     fill_workspace(views, stages)
@@ -137,13 +141,12 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]
 
 
 def fill_workspace(views: dict[str, torch.Tensor], stages: dict[str, torch.Tensor]) -> None:
-    """The reference's operands into the layout's views (only the parts a call uses)."""
-    nqb = stages["qbar"].shape[0]
-    views["qbar"][:nqb].copy_(stages["qbar"])
-    for name in ("q_codes", "q_scales", "k_codes", "k_scales"):
-        views[name].copy_(stages[name])
-    for name in ("v_codes", "v_scales"):
-        views[name][..., : stages[name].shape[-1]].copy_(stages[name])
+    """The reference's operands into the layout's views: each stage the layout has, into the
+    leading part of its region (only the parts a call uses: qbar rows past NQB, V columns and
+    FP16 K rows past ``vkey_start[S]`` keep the poison)."""
+    for name, stage in stages.items():
+        if name in views:
+            views[name][tuple(slice(0, n) for n in stage.shape)].copy_(stage)
 
 
 GUARD_ROWS = 8  # rows of NaN after ``out`` in the same allocation: must stay untouched
@@ -158,13 +161,10 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
         out = buf[: prep.tokens]
         out.guard = buf[prep.tokens :]  # type: ignore[attr-defined]
     if is_wgmma(module):
-        # The pre-pass's FP16 expansion of the reference's operands, then the Hopper kernel.
+        # The Hopper kernel on the reference's operands as FP16 values (prepare).
         v, t = prep.views, prep.tables
         used = build_host_plan(prep.bounds).vkey_start[-1]
         fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
-        module.expand_nvfp4_fp16(v["q_codes"], v["q_scales"], v["k_codes"], v["k_scales"],
-                                 v["v_codes"], v["v_scales"], t["seg_bounds"], t["vkey_start"],
-                                 *fp16, used)
         module.attention_nvfp4_wgmma(out, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
                                      t["qblock_start"], t["qblocks"], v["item_counter"], scale,
                                      used)

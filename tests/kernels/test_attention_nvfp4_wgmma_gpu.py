@@ -1,21 +1,24 @@
 """GPU tests of the Hopper NVFP4 attention kernel (module ``nvfp4_wgmma``, backend
 ``wgmma_fp16_nvfp4``, sm_90a only).
 
-The kernel reads the same NVFP4 operands as the mma.sync kernel (expanded to FP16 by the
-pre-pass's second step), so this file reruns the kernel-independent cases of
-``test_attention_nvfp4_gpu.py`` on it: the ``module`` fixture below replaces that file's, whose
-``run_kernel`` then runs the expansion and this kernel on the reference's operands in a poisoned
-workspace (0x7F bytes), into a NaN-poisoned output with guard rows. Each case: every element
+The kernel reads the same NVFP4 operands as the mma.sync kernel, as FP16 values (which its
+pre-pass, ``quantize_nvfp4_fp16``, writes directly), so this file reruns the kernel-independent
+cases of ``test_attention_nvfp4_gpu.py`` on it: the ``module`` fixture below replaces that
+file's, whose ``run_kernel`` then runs this kernel on the reference's operands as FP16 values
+(``reference.nvfp4_fp16_operands``) in a poisoned workspace (0x7F bytes), into a NaN-poisoned
+output with guard rows. Each case: every element
 finite, nothing written past the tokens, relative L2 <= 0.02 against the reference emulation and
 SPEC 5's NVFP4 bars against the FP32 oracle (Gaussian inputs, default scale). Shapes: 1, 15-17,
 127-129, 1000, 4096, 16,384 tokens, packed segments with empty ones, 40 x 17 tokens, 1-56 heads,
 biased and heavy-tailed inputs, two more softmax scales; execution: determinism, a side stream,
 CUDA-graph capture replayed on new operands, no tokens.
 
-Added here: the expansion's FP16 operands (values and window key order) against the codes, the
-bindings' argument checks, the public operator's auto backend on 9.0 through the whole call path,
-and one segment of 163,840 tokens at 2 heads (FP32 oracle on sampled rows, reference emulation
-on sampled query blocks: other low-precision kernels have been reported to turn to noise there).
+Added here: the module's pre-pass against the codes of the mma.sync backend's pre-pass (its FP16
+operands are those codes decoded, in the window key order, bit for bit: what the separate
+expansion pass used to write), the bindings' argument checks, the public operator's auto backend
+on 9.0 through the whole call path, and one segment of 163,840 tokens at 2 heads (FP32 oracle on
+sampled rows, reference emulation on sampled query blocks: other low-precision kernels have been
+reported to turn to noise there).
 """
 
 from __future__ import annotations
@@ -43,10 +46,8 @@ from test_attention_nvfp4_gpu import (  # noqa: F401  (collected again, on this 
     test_softmax_scale,
 )
 
-from flashinfer_h3 import formats as F
 from flashinfer_h3 import reference as R
 from flashinfer_h3.benchtools import sampled_oracle
-from flashinfer_h3.layout import V_KEY_PAD
 from flashinfer_h3.plan import build_host_plan
 
 pytestmark = pytest.mark.gpu
@@ -61,38 +62,29 @@ def module() -> Any:
     return get_module("nvfp4_wgmma")
 
 
-def _window_keys(positions: torch.Tensor) -> torch.Tensor:
-    """The in-segment key of each padded position (layout.window_key_at, vectorised)."""
-    p = positions % V_KEY_PAD
-    return positions - p + 16 * ((p >> 1) & 3) + 2 * (p >> 3) + (p & 1)
+@pytest.mark.parametrize("kind", ["gauss", "biased", "heavy"])
+def test_prepass_writes_the_decoded_codes(module: Any, kind: str) -> None:
+    """quantize_nvfp4_fp16 (this module's pre-pass) in a poisoned workspace: its means and FP16
+    operands pass the pre-pass tests' checks (test_quantize_gpu.check_call: bit-exact against
+    the reference given its means, the zero padding, nothing written past vkey_start[S]), and
+    its FP16 values are the mma.sync backend's pre-pass codes (module nvfp4, quantize_nvfp4) on
+    the same inputs, decoded and put in the window order, bit for bit."""
+    from test_quantize_gpu import check_call, run_quantize
 
+    from flashinfer_h3.jit import get_module
 
-def test_expansion_is_the_dequantized_codes(module: Any) -> None:
-    from test_attention_nvfp4_gpu import run_kernel
-
-    lengths = [0, 100, 1, 64, 129, 0, 300]
-    prep = _prepared(module, lengths, 3, seed=41)
-    run_kernel(module, prep)
-    torch.cuda.synchronize()
-    v, st = prep.views, prep.stages
-    host = build_host_plan(prep.bounds)
-    qhat = F.nvfp4_dequantize(st["q_codes"], st["q_scales"])  # [H, T, 128]
-    assert torch.equal(v["q_f16"].float(), qhat)
-    khat = F.nvfp4_dequantize(st["k_codes"], st["k_scales"])
+    lengths = [0, 100, 1, 17, 64, 129, 0, 300]
+    bounds = bounds_of(lengths)
+    q, k, v = make_qkv(bounds[-1], 3, kind, seed=41)
+    views, ws, layout, host = run_quantize(module, "nvfp4_fp16", q, k, v, bounds)
+    check_call("nvfp4_fp16", views, ws, layout, host, q, k, v)
+    codes, _, _, _ = run_quantize(get_module("nvfp4"), "nvfp4", q, k, v, bounds)
+    want = R.nvfp4_fp16_operands(R.trim_stages("nvfp4", codes, bounds), bounds)
     used = host.vkey_start[-1]
-    vhat = F.nvfp4_dequantize(st["v_codes"], st["v_scales"])  # [H, 128, used]
-    for s in range(len(lengths)):
-        a, b = host.bounds[s], host.bounds[s + 1]
-        c0, c1 = host.vkey_start[s], host.vkey_start[s + 1]
-        if c0 == c1:
-            continue
-        keys = _window_keys(torch.arange(c1 - c0, device="cuda"))
-        real = keys < b - a
-        want_k = torch.zeros(3, c1 - c0, 128, device="cuda")
-        want_k[:, real] = khat[:, a + keys[real]]
-        assert torch.equal(v["k_f16"][:, c0:c1].float(), want_k), f"segment {s}: K rows"
-        assert torch.equal(v["v_f16"][:, :, c0:c1].float(), vhat[:, :, c0 + keys]), f"segment {s}"
-    assert bool((v["k_f16"][:, used:].view(torch.int16) == 0x7F7F).all()), "wrote past vkeys_used"
+    got = {"q_f16": views["q_f16"], "k_f16": views["k_f16"][:, :used],
+           "v_f16": views["v_f16"][..., :used]}
+    for name, value in want.items():
+        assert torch.equal(got[name].view(torch.int16), value.view(torch.int16)), name
 
 
 def test_argument_checks(module: Any) -> None:
@@ -121,16 +113,18 @@ def test_argument_checks(module: Any) -> None:
         bad = list(args)
         bad[-1] = bad[-1].float()
         module.attention_nvfp4_wgmma(out, *bad, DEFAULT_SCALE, used)
-    with pytest.raises(ValueError, match="q_codes"):
-        module.expand_nvfp4_fp16(v["q_codes"][:, :-1], v["q_scales"], v["k_codes"], v["k_scales"],
-                                 v["v_codes"], v["v_scales"], t["seg_bounds"], t["vkey_start"],
-                                 *fp16, used)
+    q, k, vv = make_qkv(40, 2, "gauss", 3)
+    with pytest.raises(ValueError, match="k_f16 must have shape"):
+        module.quantize_nvfp4_fp16(q, k, vv, t["seg_bounds"], t["vkey_start"], t["qblock_start"],
+                                   t["qblocks"], v["kbar"], v["qbar"], v["q_f16"],
+                                   v["k_f16"][:1], v["v_f16"])
+    assert not hasattr(module, "expand_nvfp4_fp16") and not hasattr(module, "quantize_nvfp4")
 
 
 def test_public_operator_auto_backend(module: Any) -> None:
     """On 9.0 the NVFP4 operator's auto backend is this kernel, through the whole call path (the
-    pre-pass, its expansion, the kernel): it agrees with the reference and with the emulated
-    mma.sync kernel (selected explicitly), and leaves its inputs unchanged."""
+    pre-pass writing the FP16 operands, the kernel): it agrees with the reference and with the
+    emulated mma.sync kernel (selected explicitly), and leaves its inputs unchanged."""
     from flashinfer_h3 import backends, use_backend, varlen_attention_nvfp4
 
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -9,7 +9,9 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
   ``HMMA.16816.F32``;
 - no local memory at all (no stack, no spills, no LDL/STL), the roles' register split,
   384 threads, the shared memory within Hopper's 227 KB;
-- the delta loads on immediate offsets, and no wgmma serialised.
+- the delta loads on immediate offsets, and no wgmma serialised;
+- the module's pre-pass is the FP16 one (quantize_nvfp4_fp16: its two tile kernels and its
+  reduce, no local memory, 2 CTAs an SM), with no codes pre-pass and no expansion kernels.
 
 The P quantisation's rounding (numerics/e2m1_round.cuh) is compiled as host C++ and checked on
 every non-negative float bit pattern (2^31 of them: zero, subnormals, normals, inf, NaN) against
@@ -72,6 +74,31 @@ def test_delta_loads_take_offsets_and_wgmma_asynchronous(so: Path) -> None:
     sass = bt.sass(so, KERNEL)
     assert len(re.findall(r"\bLD\.E\.64 R\d+, desc\[UR\d+\]\[R\d+\.64\+0x", sass)) >= 2 * 15
     assert sass.count("WARPGROUP.ARRIVE") == 4
+
+
+def test_prepass_is_the_fp16_one(so: Path) -> None:
+    """The Hopper backend runs one pre-pass, which writes its FP16 operands: the module holds
+    the FP16 policy's kernels (two tile passes and the reduce) and nothing of the codes
+    pre-pass or of the expansion pass that used to follow it; each kernel without local memory,
+    the tile kernel within the 128 registers of its 2 CTAs an SM."""
+    names = re.findall(r"Function : (\S+)", bt.cuobjdump("--dump-sass", str(so)))
+    assert sum("quantize_fp16_kernel" in n for n in names) == 2
+    assert sum("segment_reduce_fp16_kernel" in n for n in names) == 1
+    assert not [n for n in names if "expand_" in n or "quantize_kernel" in n
+                or "segment_reduce_kernel" in n], names
+    log = (so.parent / "build.log").read_text()
+    entry = r"Compiling entry function '\S*(quantize_fp16_kernel|segment_reduce_fp16_kernel)\S*'"
+    reports = re.findall(entry + r".*?\n(.*?Used (\d+) registers)", log, re.S)
+    assert len(reports) == 3, log[-2000:]
+    for kernel, report, registers in reports:
+        assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+                         report), report
+        assert kernel != "quantize_fp16_kernel" or int(registers) <= 128, report
+    module = bt.load(so)
+    module.quantize_nvfp4_fp16  # noqa: B018  (exported)
+    for gone in ("quantize_nvfp4", "expand_nvfp4_fp16"):
+        with pytest.raises(AttributeError):
+            getattr(module, gone)
 
 
 def test_module_is_hopper_only() -> None:

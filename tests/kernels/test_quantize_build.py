@@ -1,24 +1,29 @@
-"""CPU tests of the quantization pre-pass template (templates/quantize.cu.jinja + quantize.cuh).
+"""CPU tests of the quantization pre-pass template (templates/quantize.cu.jinja + prepass.cuh).
 
-The template renders for both ops, compiles with nvcc for sm_90a and sm_120a with the JIT's own
-flags, every kernel fits its budget (no stack frame, no spills, the tile kernel within the 128
-registers of 2 CTAs an SM), sm_120a encodes E2M1 with the hardware cvt while sm_90a has none,
-and the .so loads through tvm-ffi without a GPU, exports only the rendered op and rejects CPU
-tensors.
+The template renders for both ops and for the nvfp4_wgmma module (whose pre-pass writes the
+Hopper kernel's FP16 operands: quantize_nvfp4_fp16), compiles with nvcc for sm_90a and sm_120a
+(the FP16 pre-pass: sm_90a) with the JIT's own flags, every kernel fits its budget (no stack
+frame, no spills, the tile kernel within the 128 registers of 2 CTAs an SM), sm_120a encodes E2M1
+with the hardware cvt while sm_90a has none, and the .so loads through tvm-ffi without a GPU,
+exports only the rendered op and rejects CPU tensors.
 
-Without a GPU the kernels themselves run too: quantize.cuh compiles as host C++ (nvcc -x c++)
+Without a GPU the kernels themselves run too: prepass.cuh compiles as host C++ (nvcc -x c++)
 under a small emulation of the CUDA builtins (EMULATOR_SOURCE: one std::thread per CUDA thread,
-CTAs one at a time, cp.async copies applied at the wait or eagerly at the issue), and
+CTAs one at a time, cp.async copies applied at the wait or eagerly at the issue, the f16x2
+conversion and product as IEEE operations), and
 
 - the shortcuts of the NVFP4 group quantizer are checked for every float: the FP32-pipe E2M1
   encoder against formats.cuh's, and the FMA division by 6 against a correctly rounded one;
-- the group quantizer matches formats.py on random and adversarial groups;
+- the FP16 policy's element rounding (e2m1_value) is checked on every float bit pattern
+  against the decode of formats.cuh's encoder, signed zeros included;
+- the group quantizer matches formats.py on random and adversarial groups, and the FP16
+  policy's groups (nvfp4_group_fp16) are the decoded codes, bit for bit;
 - the three launches (tile pass 1, reduce, tile pass 2), emulated, produce outputs that pass
-  the GPU test's own checks (test_quantize_gpu.check_call: bit-exact codes and scales, means,
-  untouched unused bytes).
+  the GPU test's own checks (test_quantize_gpu.check_call: bit-exact codes and scales, or FP16
+  operands with their zero padding, means, untouched unused bytes).
 
 ``render_quantize`` / ``build_quantize_so`` are also used by the GPU test and the benchmark to
-build the pre-pass alone (the nvfp4 module of the JIT also needs the attention template).
+build the pre-pass alone (the JIT's modules also compile the attention templates).
 """
 
 from __future__ import annotations
@@ -37,21 +42,27 @@ import pytest
 QUANTIZE_TEMPLATE = "quantize.cu.jinja"
 OPS = ("nvfp4", "fp8")
 ARCHS = ("sm_90a", "sm_120a")
+FP16_MODULE = "nvfp4_wgmma"  # its quantize.cu.jinja exports quantize_nvfp4_fp16 (sm_90a only)
+#: (module, arch) of every pre-pass build.
+BUILDS = tuple((op, arch) for op in OPS for arch in ARCHS) + ((FP16_MODULE, "sm_90a"),)
 KERNELS = ("segment_reduce_kernel", "quantize_kernel")
+FP16_KERNELS = ("segment_reduce_fp16_kernel", "quantize_fp16_kernel")
 TILE_KERNEL_MAX_REGISTERS = 128  # 2 CTAs of 256 threads an SM (__launch_bounds__(256, 2))
 
 
-def render_quantize(op: str, arch: str) -> str:
-    """The binding source of ``op`` for ``arch``, rendered with the JIT's template context."""
+def render_quantize(module: str, arch: str) -> str:
+    """The pre-pass binding of JIT module ``module`` (``nvfp4``, ``fp8`` or ``nvfp4_wgmma``) for
+    ``arch``, rendered with the JIT's template context."""
     from flashinfer_h3.jit import KernelConfig, render_template
 
-    return render_template(QUANTIZE_TEMPLATE, KernelConfig(op, 128, arch).template_context())
+    return render_template(QUANTIZE_TEMPLATE, KernelConfig(module, 128, arch).template_context())
 
 
 def build_quantize_so(
     op: str, arch: str, out_dir: Path, include_dirs: tuple[Path, ...] = ()
 ) -> tuple[Path, str]:
-    """Compile the pre-pass of ``op`` alone into ``out_dir``; returns (.so path, nvcc output).
+    """Compile the pre-pass of module ``op`` (``nvfp4``, ``fp8``, or ``nvfp4_wgmma`` for the FP16
+    pre-pass) alone into ``out_dir``; returns (.so path, nvcc output).
 
     ``include_dirs`` come before the package's headers (to build against a modified header).
     The file names carry a digest of the source, the headers and the flags, so a build is
@@ -97,7 +108,7 @@ def parse_ptxas(log: str) -> dict[tuple[str, str], dict[str, int]]:
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\S+)' for '(sm_\w+)'", line)
         if m:
-            name = next((k for k in KERNELS if k in m.group(1)), m.group(1))
+            name = next((k for k in KERNELS + FP16_KERNELS if k in m.group(1)), m.group(1))
             entries.append(((name, m.group(2)), {}))
             continue
         if not entries:
@@ -128,8 +139,19 @@ def test_renders_only_its_op(op: str) -> None:
     other = "fp8" if op == "nvfp4" else "nvfp4"
     assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_{op}," in text
     assert f"quantize_{other}" not in text
+    assert "quantize_nvfp4_fp16" not in text and "Fp16Outputs" not in text
     assert "{{" not in text and "{%" not in text
     assert "use_fast_math" not in text
+
+
+def test_fp16_module_renders_only_the_fp16_prepass() -> None:
+    """The nvfp4_wgmma module's pre-pass is the FP16 one alone: no codes quantizer is compiled
+    into it (its backend never reads codes)."""
+    text = render_quantize(FP16_MODULE, "sm_90a")
+    assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_nvfp4_fp16," in text
+    assert "quantize_nvfp4(" not in text and "quantize_fp8" not in text
+    assert "qz::Outputs<" not in text and "Fp16Outputs<qz::Op::kNvfp4>" in text
+    assert "{{" not in text and "{%" not in text
 
 
 def test_unknown_op_is_a_compile_error() -> None:
@@ -142,23 +164,25 @@ def test_unknown_op_is_a_compile_error() -> None:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Path, str]]:
     out = tmp_path_factory.mktemp("quantize_build")
-    return {(op, arch): build_quantize_so(op, arch, out) for op in OPS for arch in ARCHS}
+    return {(op, arch): build_quantize_so(op, arch, out) for op, arch in BUILDS}
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op,arch", BUILDS)
 def test_compiles_within_budget(builds, op: str, arch: str) -> None:
     _, log = builds[(op, arch)]
     usage = parse_ptxas(log)
-    for kernel in KERNELS:
+    kernels, other = (FP16_KERNELS, KERNELS) if op == FP16_MODULE else (KERNELS, FP16_KERNELS)
+    for kernel in kernels:
         info = usage.get((kernel, arch))
         assert info is not None, f"{kernel} missing from the {op} {arch} build:\n{log[-2000:]}"
         assert info["stack"] == 0 and info["spill_stores"] == 0 and info["spill_loads"] == 0, (
             f"{op} {arch} {kernel} uses local memory: {info}"
         )
         assert 0 < info["registers"] <= 255
-    tile = usage[("quantize_kernel", arch)]
+        print(f"{op} {arch} {kernel}: {info}")
+    assert not any((kernel, arch) in usage for kernel in other), "the other policy's kernels"
+    tile = usage[(kernels[1], arch)]
     assert tile["registers"] <= TILE_KERNEL_MAX_REGISTERS
     assert tile["instances"] == 2, "one tile kernel per pass (Q and statistics; K and V)"
 
@@ -183,19 +207,34 @@ def test_e2m1_conversion_per_arch(builds, arch: str) -> None:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("op", OPS)
+def test_fp16_prepass_sass(builds) -> None:
+    """The FP16 pre-pass (sm_90a): the scale's f16x2 cvt and the values' FP16 pack and product
+    (the decode's own HMUL2), the V tiles staged through shared memory (4-byte stores, 16-byte
+    loads) and written with 16-byte stores; no local memory, no E2M1 cvt (Hopper has none)."""
+    sass = _sass(builds[(FP16_MODULE, "sm_90a")][0])
+    assert "LDL" not in sass and "STL" not in sass
+    assert "F2FP.SATFINITE.E2M1" not in sass
+    for instruction in ("F2FP.SATFINITE.E4M3", "F2FP.F16.F32.PACK_AB", "HMUL2", "LDS.128",
+                        "STG.E.128"):
+        assert instruction in sass, instruction
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", (*OPS, FP16_MODULE))
 def test_loads_and_checks_arguments_without_gpu(builds, op: str) -> None:
     torch = pytest.importorskip("torch")
     tvm_ffi = pytest.importorskip("tvm_ffi")
     mod = tvm_ffi.load_module(str(builds[(op, "sm_90a")][0]))
-    other = "fp8" if op == "nvfp4" else "nvfp4"
-    with pytest.raises(AttributeError):
-        getattr(mod, f"quantize_{other}")
-    fn = getattr(mod, f"quantize_{op}")
+    export = {"nvfp4": "quantize_nvfp4", "fp8": "quantize_fp8", FP16_MODULE: "quantize_nvfp4_fp16"}
+    for name, other in export.items():
+        if name != op:
+            with pytest.raises(AttributeError):
+                getattr(mod, other)
+    fn = getattr(mod, export[op])
     x = torch.zeros(4, 2, 128, dtype=torch.bfloat16)
     table = torch.zeros(2, dtype=torch.int32)
     blocks = torch.zeros(1, 4, dtype=torch.int32)
-    regions = [torch.zeros(1)] * (8 if op == "nvfp4" else 7)
+    regions = [torch.zeros(1)] * {"nvfp4": 8, "fp8": 7, FP16_MODULE: 5}[op]
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         fn(x, x, x, table, table, table, blocks, *regions)
     with pytest.raises(TypeError):
@@ -206,13 +245,14 @@ def test_loads_and_checks_arguments_without_gpu(builds, op: str) -> None:
 # The kernels on the CPU
 # ---------------------------------------------------------------------------------------------
 
-# Host build of quantize.cuh: CUDA builtins as host code (the intrinsics are IEEE single
+# Host build of prepass.cuh: CUDA builtins as host code (the intrinsics are IEEE single
 # operations, so exact; the build disables FP contraction), kernels as plain functions run by
 # one std::thread per CUDA thread. __shared__ variables become statics and the dynamic shared
-# memory a per-CTA buffer of stale bytes (CTAs run one at a time); __syncthreads and the warp
-# shuffles are barriers (a deadlock, e.g. divergent barriers, aborts after 60 s). cp.async copies
-# apply at the wait (mode 0: a stage read before its wait sees stale bytes) or at the issue
-# (mode 1: a stage refilled while another thread still reads it is caught by the racing threads).
+# memory a per-CTA buffer of stale bytes (CTAs run one at a time); __syncthreads, __syncwarp and
+# the warp shuffles are barriers (a deadlock, e.g. divergent barriers, aborts after 60 s).
+# cp.async copies apply at the wait (mode 0: a stage read before its wait sees stale bytes) or at
+# the issue (mode 1: a stage refilled while another thread still reads it is caught by the racing
+# threads). The f16x2 conversion and product are IEEE FP16 roundings (round to nearest even).
 EMULATOR_SOURCE = r"""
 #include <cuda_runtime.h>
 
@@ -260,6 +300,12 @@ static inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned shift)
 template <class T> static inline T __ldg(const T* p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+namespace flashinfer_h3 {
+// PTX min.f32 / max.f32 (FMNMX): a NaN operand gives the other one, a signaling NaN too (glibc's
+// fminf / fmaxf return NaN for those); the headers' unqualified calls find these first.
+static inline float fminf(float a, float b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
+static inline float fmaxf(float a, float b) { return a != a ? b : (b != b ? a : (a > b ? a : b)); }
+}  // namespace flashinfer_h3
 
 class Barrier {
  public:
@@ -342,6 +388,39 @@ void* emulated_dynamic_smem() {
   return g_smem.data() + ((128 - at % 128) % 128);
 }
 
+void emulated_syncwarp() { g_warps[threadIdx.x / 32]->bar.wait(); }
+
+// float -> FP16 bits, round to nearest even (cvt.rn.f16.f32): subnormal quantum 2^-24, overflow
+// to inf, NaN -> 0x7FFF.
+static uint32_t f16_rn(float x) {
+  const uint32_t sign = (__float_as_uint(x) >> 16) & 0x8000u;
+  if (isnan(x)) return 0x7FFFu;
+  const float a = fabsf(x);
+  if (a >= 65520.0f) return sign | 0x7C00u;
+  if (a < 0x1p-14f) return sign | static_cast<uint32_t>(nearbyintf(a * 0x1p24f));
+  uint32_t u = __float_as_uint(a);
+  u += 0xFFFu + ((u >> 13) & 1u);  // RN-even to 10 mantissa bits (a carry bumps the exponent)
+  return sign | (((u >> 23) - 112u) << 10) | ((u >> 13) & 0x3FFu);
+}
+
+// FP16 bits -> float, exact.
+static float f16_value(uint32_t h) {
+  const int e = static_cast<int>((h >> 10) & 0x1Fu);
+  const float m = static_cast<float>(h & 0x3FFu);
+  const float mag = e == 0x1F ? (m != 0.0f ? NAN : INFINITY)
+                              : (e == 0 ? ldexpf(m, -24) : ldexpf(1024.0f + m, e - 25));
+  return (h & 0x8000u) ? -mag : mag;
+}
+
+uint32_t emulated_f16x2(float lo, float hi) { return f16_rn(lo) | f16_rn(hi) << 16; }
+
+// mul.rn.f16x2: the FP32 product of two FP16 values is exact (22 significant bits), rounded
+// once to FP16.
+uint32_t emulated_f16x2_mul(uint32_t a, uint32_t b) {
+  return f16_rn(f16_value(a & 0xFFFFu) * f16_value(b & 0xFFFFu)) |
+         f16_rn(f16_value(a >> 16) * f16_value(b >> 16)) << 16;
+}
+
 // cvt.rn.satfinite.e4m3: RN-even, subnormal steps of 2^-9 below 2^-6, |x| > 448 -> 448,
 // NaN -> 0x7F.
 uint32_t emulated_e4m3(float x) {
@@ -388,38 +467,42 @@ static void run_grid(int grid, int block, size_t smem_bytes, F&& body) {
   }
 }
 
-// The three launches of launch_quantize (whose <<<>>> syntax a host compiler cannot read).
-template <qz::Op op, qz::Pass pass, int kStages>
-static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out,
+// The three launches of launch_quantize (whose <<<>>> syntax a host compiler cannot read), for
+// any output policy: the kernels launch.cuh picks (tile_kernel, reduce_kernel).
+template <class Out, qz::Pass pass, int kStages>
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const Out& out,
                           int grid_cap) {
-  const qz::ItemMap map = qz::make_item_map<op, pass>(tb, in.heads);
+  const qz::ItemMap map = qz::make_item_map<Out::kOp, pass>(tb, in.heads);
   const int grid = map.items < grid_cap ? map.items : grid_cap;
-  run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<kStages>(),
-           [&] { qz::quantize_kernel<op, pass, kStages>(in, tb, out, map); });
+  constexpr auto kernel = qz::tile_kernel<Out, pass, kStages>();
+  run_grid(grid, qz::kThreads, qz::pipe_smem_bytes<kStages>(), [&] { kernel(in, tb, out, map); });
 }
 
-template <qz::Op op, qz::Pass pass>
-static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const qz::Outputs<op>& out,
-                          int grid_cap, int stages) {
+template <class Out, qz::Pass pass>
+static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const Out& out, int grid_cap,
+                          int stages) {
   if (stages == 2)
-    emulate_tiles<op, pass, 2>(in, tb, out, grid_cap);
+    emulate_tiles<Out, pass, 2>(in, tb, out, grid_cap);
   else
-    emulate_tiles<op, pass, 3>(in, tb, out, grid_cap);
+    emulate_tiles<Out, pass, 3>(in, tb, out, grid_cap);
 }
 
-template <qz::Op op>
-static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb,
-                             const qz::Outputs<op>& out, int grid_cap, int stages) {
+template <class Out>
+static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb, const Out& out,
+                             int grid_cap, int stages) {
   const int tiles = tb.num_qblocks * in.heads;
-  if (tiles > 0) emulate_tiles<op, qz::Pass::kQAndStats>(in, tb, out, grid_cap, stages);
+  if (tiles > 0) emulate_tiles<Out, qz::Pass::kQAndStats>(in, tb, out, grid_cap, stages);
   if (tb.segments * in.heads > 0) {
     const qz::ReduceShape shape = qz::reduce_shape(tb.num_qblocks, tb.segments);
+    constexpr auto reduce = qz::reduce_kernel<Out>();
     run_grid(tb.segments * in.heads * shape.split, qz::kHeadDim / shape.split * shape.slices, 0,
-             [&] { qz::segment_reduce_kernel(in, tb, out, shape.split); });
+             [&] { reduce(in, tb, out, shape.split); });
   }
-  if (tiles > 0) emulate_tiles<op, qz::Pass::kKAndV>(in, tb, out, grid_cap, stages);
+  if (tiles > 0) emulate_tiles<Out, qz::Pass::kKAndV>(in, tb, out, grid_cap, stages);
 }
 
+// op 0: NVFP4 codes, 1: FP8 codes, 2: the FP16 policy (r = kbar, qbar, q_f16, k_f16, v_f16;
+// v_code_row = vkeys_cap).
 extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 int64_t tokens, int heads, const int* seg_bounds,
                                 const int* vkey_start, const int* qblock_start, const int* qblocks,
@@ -428,7 +511,12 @@ extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, co
   qz::g_copy_mode = copy_mode;
   const qz::Inputs in{q, k, v, tokens, heads};
   const qz::Tables tb{seg_bounds, vkey_start, qblock_start, qblocks, segments, nqb};
-  if (op == 0) {
+  if (op == 2) {
+    const qz::Fp16Outputs<qz::Op::kNvfp4> out{
+        static_cast<float*>(r[0]),    static_cast<float*>(r[1]),    static_cast<uint16_t*>(r[2]),
+        static_cast<uint16_t*>(r[3]), static_cast<uint16_t*>(r[4]), v_code_row};
+    emulate_launches(in, tb, out, grid_cap, stages);
+  } else if (op == 0) {
     const qz::Outputs<qz::Op::kNvfp4> out{
         static_cast<float*>(r[0]),   static_cast<float*>(r[1]),   static_cast<uint8_t*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<uint8_t*>(r[4]), static_cast<uint8_t*>(r[5]),
@@ -506,6 +594,75 @@ extern "C" int64_t quantize_groups(const float* x, int64_t groups, uint8_t* code
   return differ;
 }
 
+// Every float pattern y in [begin, end) (both signs): e2m1_value(y) (the FP16 policy's element,
+// before the scale) against the decode of formats.cuh's encoder of y (the code the code path
+// stores), as float bits, so -0 and +0 differ; and with the sign dropped (a zero scale's +0 path)
+// against the magnitude. Returns -(first failing pattern) - 1, or 0.
+static const float kE2M1Grid[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+extern "C" int64_t check_e2m1_value(uint64_t begin, uint64_t end) {
+  for (uint64_t u = begin; u < end; ++u) {
+    const float y = __uint_as_float(static_cast<uint32_t>(u));
+    const float want = kE2M1Grid[flashinfer_h3::e2m1_from_float_soft(y)];
+    const float got = qz::e2m1_value(y, 0x80000000u);
+    const float magnitude = qz::e2m1_value(y, 0u);
+    if (__float_as_uint(got) != __float_as_uint(want) ||
+        __float_as_uint(magnitude) != __float_as_uint(fabsf(want)))
+      return -static_cast<int64_t>(u) - 1;
+  }
+  return 0;
+}
+
+// nvfp4_group_fp16 over `groups` groups of 16: 8 f16x2 words each out; returns how many groups
+// differ from nvfp4_group's codes decoded as the expansion did (the E2M1 value as FP16 times the
+// scale as FP16, one FP16 product).
+extern "C" int64_t quantize_groups_fp16(const float* x, int64_t groups, uint32_t* out) {
+  float table[128];
+  for (uint32_t b = 0; b < 128; ++b) table[b] = qz::nvfp4_recip_scaled(b);
+  int64_t differ = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    float xs[16];
+    memcpy(xs, x + 16 * g, sizeof(xs));
+    uint32_t got[8];
+    qz::nvfp4_group_fp16(xs, table, got);
+    const qz::Nvfp4Group codes = qz::nvfp4_group(xs, table);
+    const uint32_t s2 = qz::ue4m3_f16x2(codes.scale);
+    bool same = true;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t word = i < 4 ? codes.codes.x : codes.codes.y;
+      const uint32_t byte = (word >> (8 * (i % 4))) & 0xFFu;
+      const uint32_t pair = qz::emulated_f16x2(kE2M1Grid[byte & 0xF], kE2M1Grid[byte >> 4]);
+      same = same && got[i] == qz::emulated_f16x2_mul(pair, s2);
+    }
+    differ += !same;
+    memcpy(out + 8 * g, got, sizeof(got));
+  }
+  return differ;
+}
+
+// The FP16 V staging addresses of every warp and lane (the header's own functions): stores
+// [8 warps][32 lanes][4 k][8 i], loads [8][32][8 jj], and the byte offsets copy_columns reads
+// [8][32][16 keys] (8 bytes each), all as byte offsets in a stage's tile.
+extern "C" void v_staging_offsets(uint32_t* stores, uint32_t* loads, uint32_t* reads) {
+  static qz::Stage stage;  // its tile holds its own 8-byte offsets: copy_columns returns them
+  uint2* halves = reinterpret_cast<uint2*>(stage.tile);
+  for (uint32_t h = 0; h < sizeof(stage.tile) / 8; ++h) halves[h] = make_uint2(8 * h, 0);
+  for (int warp = 0; warp < 8; ++warp) {
+    for (int lane = 0; lane < 32; ++lane) {
+      const int t = 32 * warp + lane;
+      emu_thread_idx = {static_cast<unsigned>(t), 0, 0};
+      const qz::VStaging at = qz::v_staging(warp, lane);
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < 8; ++i) stores[(t * 4 + k) * 8 + i] = qz::v_staging_store_at(at, k, i);
+      for (int jj = 0; jj < 8; ++jj) loads[t * 8 + jj] = qz::v_staging_load_at(at, jj);
+      uint2 w[16];
+      qz::copy_columns(stage, qz::v_thread(), w);
+      for (int e = 0; e < 16; ++e) reads[t * 16 + e] = w[e].x;
+    }
+  }
+}
+
 extern "C" void e4m3_bytes(const float* x, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(qz::emulated_e4m3(x[i]));
 }
@@ -520,6 +677,12 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     emu.check_e2m1_top_nibble.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
     emu.check_div6.restype = ctypes.c_int64
     emu.check_div6.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    emu.check_e2m1_value.restype = ctypes.c_int64
+    emu.check_e2m1_value.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    emu.v_staging_offsets.restype = None
+    emu.v_staging_offsets.argtypes = [ctypes.c_void_p] * 3
+    emu.quantize_groups_fp16.restype = ctypes.c_int64
+    emu.quantize_groups_fp16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     emu.quantize_groups.restype = ctypes.c_int64
     emu.quantize_groups.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2
     emu.e4m3_bytes.restype = None
@@ -567,12 +730,20 @@ def test_div6_every_float(emulator) -> None:
 
 
 @pytest.mark.nvcc
-def test_group_quantizer_matches_formats(emulator) -> None:
+def test_e2m1_value_every_float(emulator) -> None:
+    """The FP16 policy's element (e2m1_value) on all 2^32 float patterns: zeros, subnormals,
+    normals, ties, saturation, inf and NaN, both signs."""
+    results = _in_halves(emulator.check_e2m1_value, 0, 1 << 32)
+    bad = [-r - 1 for r in results if r < 0]
+    assert not bad, f"first failing pattern 0x{bad[0]:08x}"
+
+
+def _adversarial_groups(n: int) -> dict:
+    """Groups of 16 of every kind the group quantizer must get right (FP32 [n, 16] each)."""
     torch = pytest.importorskip("torch")
     from flashinfer_h3 import formats as F
 
     g = torch.Generator().manual_seed(0)
-    n = 100_000
     e4m3_values = F.e4m3_to_float(torch.arange(1, 127, dtype=torch.uint8))
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0,  # E2M1 midpoints (times s)
                          0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -587,15 +758,34 @@ def test_group_quantizer_matches_formats(emulator) -> None:
     specials[torch.rand(n, 16, generator=g) < 0.05] = -0.0
     specials[torch.rand(n, generator=g) < 0.1] = -0.0
     specials[torch.rand(n, 16, generator=g) < 0.01] = 3e38
-    kinds = {
+    nans = torch.randn(n, 16, generator=g)
+    nans[torch.rand(n, 16, generator=g) < 0.1] = float("nan")
+    nans[torch.rand(n, 16, generator=g) < 0.05] = float("inf")
+    nans[torch.rand(n, 16, generator=g) < 0.05] = -float("inf")
+    nans[torch.rand(n, generator=g) < 0.05] = float("nan")  # all-NaN groups (scale 448)
+    return {
         "gaussian": torch.randn(n, 16, generator=g),
         "decades": torch.randn(n, 16, generator=g) * torch.exp(torch.randn(n, 1, generator=g) * 8),
         "wide": torch.randn(n, 16, generator=g)
         * torch.exp(torch.empty(n, 1).uniform_(-80, 80, generator=g)),
         "ties": tie_groups,
         "specials": specials,
+        "non-finite": nans,
     }
-    for kind, x in kinds.items():
+
+
+@pytest.mark.nvcc
+def test_group_quantizer_matches_formats(emulator) -> None:
+    torch = pytest.importorskip("torch")
+    from flashinfer_h3 import formats as F
+
+    n = 100_000
+    for kind, x in _adversarial_groups(n).items():
+        if kind == "non-finite":
+            # NaN elements: the kernel's amax tree leaves them out (fmaxf) where formats.py and
+            # the reference steps propagate or zero them; no contract covers NaN inputs. The
+            # FP16 policy is held to the kernel's own codes on them (next test).
+            continue
         x = x.float().contiguous()
         codes = torch.empty(n, 8, dtype=torch.uint8)
         scales = torch.empty(n, dtype=torch.uint8)
@@ -606,9 +796,69 @@ def test_group_quantizer_matches_formats(emulator) -> None:
         assert torch.equal(codes, want_codes), f"{kind}: codes differ from formats.py"
 
 
+@pytest.mark.nvcc
+def test_fp16_groups_are_the_decoded_codes(emulator) -> None:
+    """nvfp4_group_fp16 (the FP16 policy) against nvfp4_group's codes decoded as the expansion
+    decoded them (in C, every kind, non-finite inputs included) and against formats.py's
+    quantize-dequantize rounded to FP16 (torch), bit for bit: signed zeros, zero scales,
+    saturation."""
+    torch = pytest.importorskip("torch")
+    from flashinfer_h3 import formats as F
+
+    n = 100_000
+    for kind, x in _adversarial_groups(n).items():
+        x = x.float().contiguous()
+        got = torch.empty(n, 8, dtype=torch.int32)
+        differ = emulator.quantize_groups_fp16(x.data_ptr(), n, got.data_ptr())
+        assert differ == 0, f"{kind}: {differ} groups differ from the decoded codes"
+        if kind == "non-finite":
+            continue
+        want = F.nvfp4_dequantize(*F.nvfp4_quantize(x)).half()  # [n, 16]
+        assert torch.equal(got.view(torch.int16).view(n, 16), want.view(torch.int16)), kind
+
+
+@pytest.mark.nvcc
+def test_fp16_v_staging_layout(emulator) -> None:
+    """The FP16 policy's V staging (prepass.cuh, nvfp4_v_fp16), on the header's own address
+    functions: each warp stores into exactly the bytes its lanes' copy_columns read (so it needs
+    no CTA barrier: no other warp reads them), every staged word once; each copy-out load reads
+    the 16 bytes of positions 8 cx .. 8 cx + 7 of its row, the 4 words the 4 lanes of that chunk
+    stored; stores and loads are free of bank conflicts (32 banks of 4 bytes; a 16-byte load
+    is served 8 lanes at a time)."""
+    torch = pytest.importorskip("torch")
+    stores = torch.zeros(8, 32, 4, 8, dtype=torch.int64)
+    loads = torch.zeros(8, 32, 8, dtype=torch.int64)
+    reads = torch.zeros(8, 32, 16, dtype=torch.int64)
+    s32, l32, r32 = (torch.zeros(t.shape, dtype=torch.int32) for t in (stores, loads, reads))
+    emulator.v_staging_offsets(s32.data_ptr(), l32.data_ptr(), r32.data_ptr())
+    stores, loads, reads = (t.to(torch.int64) for t in (s32, l32, r32))
+    for warp in range(8):
+        own = {int(b) + 4 * half for b in reads[warp].flatten() for half in (0, 1)}  # 4-byte words
+        staged = [int(b) for b in stores[warp].flatten()]
+        assert len(staged) == len(set(staged)) == 1024, f"warp {warp}: a word staged twice"
+        assert set(staged) == own, f"warp {warp}: stages outside the bytes it read"
+        for k in range(4):
+            for i in range(8):
+                banks = (stores[warp, :, k, i] // 4) % 32
+                assert len(set(banks.tolist())) == 32, f"warp {warp}: store ({k}, {i}) conflicts"
+        for jj in range(8):
+            for quarter in range(4):
+                lanes = range(8 * quarter, 8 * quarter + 8)
+                groups = {(int(loads[warp, lane, jj]) // 16) % 8 for lane in lanes}
+                assert len(groups) == 8, f"warp {warp}: load {jj} conflicts"
+            for lane in range(32):
+                # chunk cx = lane % 8 of row 4 jj + lane / 8: stored by lanes (u = jj, t) at
+                # (k = lane / 8, i = cx), word t at byte 4 t of the chunk
+                want = [int(stores[warp, jj + 8 * t, lane // 8, lane % 8]) for t in range(4)]
+                got = int(loads[warp, lane, jj])
+                assert got % 16 == 0 and want == [got + 4 * t for t in range(4)], (warp, lane, jj)
+
+
 # Lengths 0, 1, 15, 16, 1, 0, 63, 64, 65, 127, 128, 129, 0, 0, 255, 256, 257, 2, 300.
 _EDGE_BOUNDS = [0, 0, 1, 16, 32, 33, 33, 96, 160, 225, 352, 480, 609, 609, 609, 864, 1120, 1377,
                 1379, 1679]
+# Lengths 1, 15, 16, 17, 0, 63, 64, 65, 127, 128, 129, 0, 2, 300.
+_FP16_BOUNDS = [0, 1, 16, 32, 49, 49, 112, 176, 241, 368, 496, 625, 625, 627, 927]
 
 
 @pytest.mark.nvcc
@@ -627,6 +877,14 @@ _EDGE_BOUNDS = [0, 0, 1, 16, 32, 33, 33, 96, 160, 225, 352, 480, 609, 609, 609, 
         ("nvfp4", [0, 130, 135, 135, 300], 64, "heavy", 50, 0, 3),
         ("nvfp4", [0, 16384], 1, "biased", 264, 0, 3),  # launch 2 split over 4 CTAs
         ("fp8", [0, 16384], 1, "biased", 264, 0, 3),
+        # The FP16 policy: window order, zero padding, the V staging; empty segments, lengths
+        # 1, 15-17, 63-65, 127-129, several heads.
+        ("nvfp4_fp16", _FP16_BOUNDS, 3, "biased", 7, 0, 3),
+        ("nvfp4_fp16", _FP16_BOUNDS, 2, "heavy", 5, 1, 3),  # copies land at the issue
+        ("nvfp4_fp16", _FP16_BOUNDS, 2, "gaussian", 4, 0, 2),
+        ("nvfp4_fp16", [0, 640], 13, "gaussian", 1, 0, 3),  # one CTA walks every item
+        ("nvfp4_fp16", [0, 130, 135, 135, 300], 64, "heavy", 50, 0, 3),
+        ("nvfp4_fp16", [0, 16384], 1, "biased", 264, 0, 3),
     ],
 )
 def test_emulated_launches_match_reference(
@@ -635,26 +893,32 @@ def test_emulated_launches_match_reference(
 ) -> None:
     torch = pytest.importorskip("torch")
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_quantize_gpu import POISON, TAIL_BYTES, check_call, make_qkv
+    from test_quantize_gpu import (
+        POISON,
+        TAIL_BYTES,
+        check_call,
+        layout_of,
+        make_qkv,
+        operand_regions,
+    )
 
-    from flashinfer_h3.layout import fp8_layout, nvfp4_layout
     from flashinfer_h3.plan import build_host_plan
 
     q, k, v = make_qkv(bounds[-1], heads, kind, seed=len(bounds) + heads, device="cpu")
     T, H, S = bounds[-1], heads, len(bounds) - 1
-    layout = (nvfp4_layout if op == "nvfp4" else fp8_layout)(T, H, S)
+    layout = layout_of(op, T, H, S)
     host = build_host_plan(bounds)
     flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
     n = S + 1
     tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
     ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
     views = layout.views(ws)
-    pointers = [views[r.name].data_ptr() for r in layout.regions]
+    pointers = [views[name].data_ptr() for name in operand_regions(op, layout)]
     regions = (ctypes.c_void_p * len(pointers))(*pointers)
-    v_code_row = views["v_codes"].shape[2]
+    v_code_row = views["v_f16" if op == "nvfp4_fp16" else "v_codes"].shape[2]  # FP16: vkeys_cap
     k_scale_row = views["k_scales"].shape[1] if op == "fp8" else 0
     rc = emulator.emulate_quantize(
-        0 if op == "nvfp4" else 1, q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H,
+        {"nvfp4": 0, "fp8": 1, "nvfp4_fp16": 2}[op], q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H,
         *[t.data_ptr() for t in tables], S, host.num_qblocks, regions, v_code_row, k_scale_row,
         grid, copy_mode, stages,
     )

@@ -1,4 +1,6 @@
-"""GPU tests of the quantization pre-pass (quantize_nvfp4 / quantize_fp8) against the reference.
+"""GPU tests of the quantization pre-pass (quantize_nvfp4 / quantize_fp8, and on Hopper
+quantize_nvfp4_fp16: the NVFP4 pre-pass of the nvfp4_wgmma module, which writes the Hopper kernel's
+FP16 operands instead of codes) against the reference.
 
 For every case the workspace is poisoned, the kernel runs, and then:
 
@@ -6,9 +8,12 @@ For every case the workspace is poisoned, the kernel runs, and then:
   magnitude of the rows averaged (``|kernel - ref| <= 1e-6 * mean|x|``: a relative error
   against the mean itself is meaningless for a mean near 0);
 - every code and scale is bit-identical to ``reference.*_quantize_stages`` given the kernel's
-  means (so any poisoned byte left in a used region fails);
-- every byte the layout calls unused (gaps between regions, qbar rows past NQB, V columns past
-  ``vkey_start[S]``, FP8 k_scales past NQB, the workspace tail) still holds the poison.
+  means (so any poisoned byte left in a used region fails); for ``nvfp4_fp16`` every FP16 value
+  is bit-identical to ``reference.nvfp4_fp16_operands`` of those stages (the decoded codes in the
+  window key order, the zero padding included);
+- every byte the layout calls unused (gaps between regions, qbar rows past NQB, V columns and
+  FP16 K rows past ``vkey_start[S]``, FP8 k_scales past NQB, the item counter, the workspace
+  tail) still holds the poison.
 
 Inputs: Gaussian, per-channel-biased q/k with outlier channels, heavy-tailed magnitudes over
 many decades (zero and subnormal scales, saturation), exact and negative zeros; segments of
@@ -25,7 +30,7 @@ import pytest
 import torch
 
 from flashinfer_h3 import reference as R
-from flashinfer_h3.layout import fp8_layout, nvfp4_layout
+from flashinfer_h3.layout import fp8_layout, nvfp4_fp16_layout, nvfp4_layout
 from flashinfer_h3.plan import Plan, build_host_plan
 
 pytestmark = pytest.mark.gpu
@@ -45,19 +50,36 @@ INCLUDE_ENV = "FLASHINFER_H3_TEST_QUANTIZE_INCLUDE"
 # Module, inputs, one call
 # ---------------------------------------------------------------------------------------------
 
+#: The pre-pass variants: op -> (module that exports it, export, workspace layout).
+VARIANTS = {
+    "nvfp4": ("nvfp4", "quantize_nvfp4", nvfp4_layout),
+    "fp8": ("fp8", "quantize_fp8", fp8_layout),
+    "nvfp4_fp16": ("nvfp4_wgmma", "quantize_nvfp4_fp16", nvfp4_fp16_layout),
+}
+
+
+def layout_of(op: str, tokens: int, heads: int, segments: int) -> Any:
+    return VARIANTS[op][2](tokens, heads, segments)
+
+
+def operand_regions(op: str, layout: Any) -> list[str]:
+    """The layout's regions the pre-pass takes, in its argument order (all but the Hopper
+    kernel's item counter)."""
+    return [r.name for r in layout.regions if r.name != "item_counter"]
+
 
 def _arch() -> str:
     major, minor = torch.cuda.get_device_capability()
     return "sm_90a" if major == 9 else f"sm_{major}{minor}a"
 
 
-def _standalone(op: str) -> Any:
+def _standalone(module_name: str) -> Any:
     import tvm_ffi
     from test_quantize_build import build_quantize_so
 
     include = tuple(Path(d) for d in os.environ.get(INCLUDE_ENV, "").split(os.pathsep) if d)
     out_dir = Path(os.environ["FLASHINFER_H3_CACHE_DIR"]) / "quantize_standalone"
-    so, _ = build_quantize_so(op, _arch(), out_dir, include)
+    so, _ = build_quantize_so(module_name, _arch(), out_dir, include)
     return tvm_ffi.load_module(str(so))
 
 
@@ -67,13 +89,16 @@ class _Modules(dict):
     def __missing__(self, op: str) -> Any:
         from flashinfer_h3.jit import TemplateNotFoundError, get_module
 
+        name = VARIANTS[op][0]
+        if name == "nvfp4_wgmma" and torch.cuda.get_device_capability()[0] != 9:
+            pytest.skip("quantize_nvfp4_fp16 is the Hopper (compute capability 9.0) pre-pass")
         if os.environ.get(STANDALONE_ENV) == "1" or os.environ.get(INCLUDE_ENV):
-            module = _standalone(op)
+            module = _standalone(name)
         else:
             try:
-                module = get_module(op)
-            except TemplateNotFoundError:  # the nvfp4 module's attention template is not there
-                module = _standalone(op)
+                module = get_module(name)
+            except TemplateNotFoundError:  # the module's attention template is not there
+                module = _standalone(name)
         self[op] = module
         return module
 
@@ -122,12 +147,12 @@ def run_quantize(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Any, Any]:
     T, H = q.shape[0], q.shape[1]
     S = len(bounds) - 1
-    layout = (nvfp4_layout if op == "nvfp4" else fp8_layout)(T, H, S)
+    layout = layout_of(op, T, H, S)
     plan = Plan.create(build_host_plan(bounds), H, q.device)
     ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8, device="cuda")
     views = layout.views(ws)
-    names = [r.name for r in layout.regions]
-    getattr(mod, f"quantize_{op}")(q, k, v, *plan.args, *(views[n] for n in names))
+    names = operand_regions(op, layout)
+    getattr(mod, VARIANTS[op][1])(q, k, v, *plan.args, *(views[n] for n in names))
     torch.cuda.synchronize()
     return views, ws, layout, plan.host
 
@@ -181,13 +206,20 @@ def check_call(
     v: torch.Tensor,
 ) -> None:
     bounds = list(host.bounds)
-    got = R.trim_stages(op, views, bounds)
+    nqb, nv = host.num_qblocks, host.vkey_start[-1]
+    if op == "nvfp4_fp16":
+        got = {"kbar": views["kbar"], "qbar": views["qbar"][:nqb], "q_f16": views["q_f16"],
+               "k_f16": views["k_f16"][:, :nv], "v_f16": views["v_f16"][..., :nv]}
+    else:
+        got = R.trim_stages(op, views, bounds)
     kbar_ref, qbar_ref = R.nvfp4_means(q, k, bounds)
     kmag, qmag = R.nvfp4_means(q.abs(), k.abs(), bounds)
     assert_means_close(got["kbar"], kbar_ref, kmag, "kbar")
-    if op == "nvfp4":
+    if op in ("nvfp4", "nvfp4_fp16"):
         assert_means_close(got["qbar"], qbar_ref, qmag, "qbar")
         ref = R.nvfp4_quantize_stages(q, k, v, bounds, kbar=got["kbar"], qbar=got["qbar"])
+        if op == "nvfp4_fp16":
+            ref = R.nvfp4_fp16_operands(ref, bounds)
     else:
         ref = R.fp8_quantize_stages(q, k, v, bounds, kbar=got["kbar"])
     for name, want in ref.items():
@@ -200,8 +232,12 @@ def check_call(
     for r, nxt in zip(regions, regions[1:] + [None], strict=True):
         end = nxt.offset if nxt is not None else ws.numel()
         assert_poisoned(ws[r.offset + r.nbytes : end], f"bytes after region {r.name}")
-    nqb, nv = host.num_qblocks, host.vkey_start[-1]
-    if op == "nvfp4":
+    if op == "nvfp4_fp16":
+        assert_poisoned(views["qbar"][nqb:], "qbar rows past NQB")
+        assert_poisoned(views["k_f16"][:, nv:], "k_f16 rows past vkey_start[S]")
+        assert_poisoned(views["v_f16"][..., nv:], "v_f16 columns past vkey_start[S]")
+        assert_poisoned(views["item_counter"], "item_counter")
+    elif op == "nvfp4":
         assert_poisoned(views["qbar"][nqb:], "qbar rows past NQB")
         assert_poisoned(views["v_codes"][..., nv // 2 :], "v_codes columns past vkey_start[S]")
         assert_poisoned(views["v_scales"][..., nv // 16 :], "v_scales columns past vkey_start[S]")
@@ -228,7 +264,7 @@ def random_bounds(gen: torch.Generator, segments: int, max_len: int) -> list[int
 # Tests
 # ---------------------------------------------------------------------------------------------
 
-OPS = ("nvfp4", "fp8")
+OPS = ("nvfp4", "fp8", "nvfp4_fp16")
 KINDS = ("gaussian", "biased", "heavy")
 EDGE_LENGTHS = [0, 1, 15, 16, 17, 0, 63, 64, 65, 127, 128, 129, 0, 0, 255, 256, 257, 2, 300]
 
@@ -315,11 +351,11 @@ def test_deterministic_and_stream_ordered(modules, op: str) -> None:
 def test_rejects_bad_arguments(modules, op: str) -> None:
     bounds = [0, 100]
     q, k, v = make_qkv(100, 2, "gaussian", 0)
-    layout = (nvfp4_layout if op == "nvfp4" else fp8_layout)(100, 2, 1)
+    layout = layout_of(op, 100, 2, 1)
     plan = Plan.create(build_host_plan(bounds), 2, q.device)
     ws = torch.full((layout.total_bytes,), POISON, dtype=torch.uint8, device="cuda")
-    views = [layout.views(ws)[r.name] for r in layout.regions]
-    fn = getattr(modules[op], f"quantize_{op}")
+    views = [layout.views(ws)[n] for n in operand_regions(op, layout)]
+    fn = getattr(modules[op], VARIANTS[op][1])
     with pytest.raises(ValueError, match="q must be bfloat16"):
         fn(q.half(), k, v, *plan.args, *views)
     with pytest.raises(ValueError, match="k must have shape"):
@@ -330,5 +366,12 @@ def test_rejects_bad_arguments(modules, op: str) -> None:
         fn(q, k, v, plan.args[0].cpu(), *plan.args[1:], *views)
     with pytest.raises(ValueError, match="must be contiguous"):
         fn(q, k, v.transpose(0, 1).contiguous().transpose(0, 1), *plan.args, *views)
+    if op == "nvfp4_fp16":
+        with pytest.raises(ValueError, match="q_f16 must be float16"):
+            fn(q, k, v, *plan.args, *views[:2], views[2].view(torch.int16), *views[3:])
+        with pytest.raises(ValueError, match=r"v_f16 must have shape \[2, 128, 128\]"):
+            fn(q, k, v, *plan.args, *views[:4], views[4][..., :64].contiguous())
+        with pytest.raises(ValueError, match="k_f16 .* 0 key positions"):
+            fn(q, k, v, *plan.args, *views[:3], views[3][:, :0], views[4][..., :0])
     torch.cuda.synchronize()
     assert (ws == POISON).all()  # nothing ran

@@ -278,24 +278,25 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
             assert aargs == ("out", *operands[1:], *tables, *counter, scale, *tail), b.name
 
 
-def test_wgmma_fp16_nvfp4_launcher_runs_prepass_expansion_and_kernel() -> None:
-    """The Hopper NVFP4 backend: the NVFP4 pre-pass, its FP16 expansion (the NVFP4 code regions
-    into the FP16 ones, with the used V columns), then the kernel on qbar and the FP16 regions;
-    attention_only is the last call alone."""
+def test_wgmma_fp16_nvfp4_launcher_runs_one_prepass_and_the_kernel() -> None:
+    """The Hopper NVFP4 backend: one pre-pass, quantize_nvfp4_fp16 (the means and the FP16
+    operands of its workspace, no codes), then the kernel on qbar and the FP16 regions with the
+    used V columns; attention_only is the last call alone, prepass_only the first."""
 
     b = backends.get("nvfp4", "wgmma_fp16_nvfp4")
     assert b.workspace == "nvfp4_fp16" and b.module == "nvfp4_wgmma" and b.capturable
-    names = ("kbar", "qbar", "q_codes", "q_scales", "k_codes", "k_scales", "v_codes", "v_scales",
-             "q_f16", "k_f16", "v_f16", "item_counter")
+    names = ("kbar", "qbar", "q_f16", "k_f16", "v_f16", "item_counter")
     module = Recorder()
     launch = b.make_launcher(module, b)
     launch("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
     tables = FakePlan.args
     assert module.calls == [
-        ("quantize_nvfp4", ("q", "k", "v", *tables, *names[:8])),
-        ("expand_nvfp4_fp16", (*names[2:8], "seg_bounds", "vkey_start", *names[8:11], 192)),
-        ("attention_nvfp4_wgmma", ("out", "qbar", *names[8:11], *tables, "item_counter", 0.5, 192)),
+        ("quantize_nvfp4_fp16", ("q", "k", "v", *tables, *names[:5])),
+        ("attention_nvfp4_wgmma", ("out", "qbar", *names[2:5], *tables, "item_counter", 0.5, 192)),
     ]
+    module.calls.clear()
+    launch.prepass_only("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
+    assert [c[0] for c in module.calls] == ["quantize_nvfp4_fp16"]
     module.calls.clear()
     launch.attention_only("q", "k", "v", "out", 0.5, (0, 64, 128), FakePlan(), names)
     assert [c[0] for c in module.calls] == ["attention_nvfp4_wgmma"]

@@ -820,12 +820,18 @@ def test_nvfp4_fp16_layout_and_window_key_order() -> None:
             list(range(16 * t, 16 * t + 16))
     base = nvfp4_layout(1000, 3, 4)
     full = nvfp4_fp16_layout(1000, 3, 4)
-    assert [r.name for r in full.regions[: len(base.regions)]] == [r.name for r in base.regions]
+    # The means as in the NVFP4 layout, then the FP16 operands the pre-pass writes (no codes).
+    assert [r.name for r in full.regions] == ["kbar", "qbar", "q_f16", "k_f16", "v_f16",
+                                              "item_counter"]
+    for name in ("kbar", "qbar"):
+        assert (full[name].shape, full[name].dtype) == (base[name].shape, base[name].dtype)
     nvk = vkeys_cap(1000, 4)
     assert full["k_f16"].shape == (3, nvk, 128) and full["v_f16"].shape == (3, 128, nvk)
     assert full["q_f16"].shape == (3, 1000, 128) and full["q_f16"].dtype == torch.float16
     assert all(r.offset % 256 == 0 for r in full.regions)
-    assert full.total_bytes >= base.total_bytes + 2 * 3 * 128 * (1000 + 2 * nvk)
+    fp16_bytes = 2 * 3 * 128 * (1000 + 2 * nvk)
+    assert full.total_bytes >= base["kbar"].nbytes + base["qbar"].nbytes + fp16_bytes
+    assert full.total_bytes < base.total_bytes + fp16_bytes  # the codes' bytes are gone
 
 
 def test_workspace_bytes_per_backend() -> None:

@@ -26,8 +26,11 @@
 // attention/sm90/nvfp4_softmax.cuh, kF16Rounding). Each is exact for every FP16 input:
 // fma.rn.f16x2 rounds once, u * 768 and the subtraction are exact (3072 + 6 < 2^12).
 //
-// Host builds (the CPU test) supply __fmaf_rn, the bit casts and the three f16x2 operations
-// (h2_fma_rn, h2_max, h2_min on f16x2 bits) themselves.
+// Users: the Hopper NVFP4 kernel's P (attention/sm90/nvfp4_softmax.cuh) and the FP16 output mode
+// of the NVFP4 pre-pass (numerics/group_quantize.cuh, nvfp4_group_fp16).
+//
+// Host builds (the CPU tests) supply __fmaf_rn, the bit casts and, where they use the f16x2
+// forms, the three f16x2 operations (h2_fma_rn, h2_max, h2_min on f16x2 bits) themselves.
 #pragma once
 
 #include <stdint.h>
@@ -70,6 +73,13 @@ __device__ __forceinline__ uint32_t h2_fma_rn(uint32_t a, uint32_t b, uint32_t c
 }
 __device__ __forceinline__ uint32_t h2_max(uint32_t a, uint32_t b) { return h2_bits(__hmax2(h2_value(a), h2_value(b))); }
 __device__ __forceinline__ uint32_t h2_min(uint32_t a, uint32_t b) { return h2_bits(__hmin2(h2_value(a), h2_value(b))); }
+#else
+// Host builds: a CPU test that uses the f16x2 forms defines these (tests/kernels/
+// test_nvfp4_wgmma_build.py); one that includes this header for the FP32 forms only (the
+// pre-pass's, tests/kernels/test_quantize_build.py) never calls them.
+uint32_t h2_fma_rn(uint32_t a, uint32_t b, uint32_t c);
+uint32_t h2_max(uint32_t a, uint32_t b);
+uint32_t h2_min(uint32_t a, uint32_t b);
 #endif
 
 constexpr uint32_t kH2One = 0x3C003C00u;       // (1, 1)

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "numerics/e2m1_round.cuh"
 #include "numerics/formats.cuh"
 #include "quantize/host_hooks.cuh"
 
@@ -102,19 +103,24 @@ __device__ __forceinline__ uint2 nvfp4_codes_exact(const float (&x)[kGroup], flo
   return make_uint2(e2m1x8_from_float(lo), e2m1x8_from_float(hi));
 }
 
-// SPEC 3 "quantize a group": s = rn_e4m3(amax / 6); s == 0 -> all codes 0; else rn_e2m1(x * 1/s).
-// `recip_scaled` is the table of nvfp4_recip_scaled (shared memory).
-__device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], const float* recip_scaled) {
-  // A 4-level tree: the scale, and so every encode of the group, waits on this chain.
+// max |x_i| of a group, as a 4-level tree: the scale, and so every element of the group, waits on
+// this chain. NaN elements are left out (fmaxf returns the other operand). An infinite amax
+// (x - mean overflowed) would make div6_rn NaN; it is clamped to FLT_MAX, which has the same
+// scale code (448, saturated).
+__device__ __forceinline__ float nvfp4_group_amax(const float (&x)[kGroup]) {
   float m8[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) m8[e] = fmaxf(fabsf(x[e]), fabsf(x[e + 8]));
 #pragma unroll
   for (int e = 0; e < 4; ++e) m8[e] = fmaxf(m8[e], m8[e + 4]);
-  float amax = fmaxf(fmaxf(m8[0], m8[2]), fmaxf(m8[1], m8[3]));
-  // An infinite amax (x - mean overflowed) would make div6_rn NaN; FLT_MAX has the same scale
-  // code (448, saturated) and the elements then take the general path below.
-  amax = fminf(amax, 3.40282347e38f);
+  const float amax = fmaxf(fmaxf(m8[0], m8[2]), fmaxf(m8[1], m8[3]));
+  return fminf(amax, 3.40282347e38f);
+}
+
+// SPEC 3 "quantize a group": s = rn_e4m3(amax / 6); s == 0 -> all codes 0; else rn_e2m1(x * 1/s).
+// `recip_scaled` is the table of nvfp4_recip_scaled (shared memory).
+__device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], const float* recip_scaled) {
+  const float amax = nvfp4_group_amax(x);
   Nvfp4Group g;
   g.scale = e4m3x2_word(div6_rn(amax), 0.0f);
   const float rs = recip_scaled[g.scale];
@@ -133,6 +139,46 @@ __device__ __forceinline__ Nvfp4Group nvfp4_group(const float (&x)[kGroup], cons
   // A zero scale maps the group to +0 (SPEC 3), whatever the signs of x.
   if (g.scale == 0) g.codes = make_uint2(0, 0);
   return g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The FP16 output mode (the Hopper wgmma backend): the values s * code instead of the codes
+// ---------------------------------------------------------------------------------------------
+
+// rn_e2m1(y) as a float, for every float y: the grid value nearest |y| with ties to the even code,
+// saturated to 6 (e2m1_round_nonneg; +inf and NaN give 6, as formats.cuh's encoders give index 7
+// for them), carrying y's sign bit where `sign` is 0x80000000 (0 drops it). This is the decode of
+// the code formats.cuh's encoders (and nvfp4_group, which the CPU test proves equal to them)
+// store for y, sign of zero included: -0.1 gives -0, the decode of code 8.
+// tests/kernels/test_quantize_build.py checks it on every float bit pattern.
+__device__ __forceinline__ float e2m1_value(float y, uint32_t sign) {
+  const float a = e2m1_round_nonneg(fabsf(y));
+  return __uint_as_float(__float_as_uint(a) | (__float_as_uint(y) & sign));
+}
+
+// nvfp4_group's dequantised values s * code_i as FP16, computed without forming the codes:
+// out[i] holds elements 2i (low half) and 2i + 1. Every step is the code path's or exact: the same
+// scale s and reciprocal r, the same product y = fl(x r) (fl(x r 2^-110) 2^110 in nvfp4_group's
+// fast path, equal wherever the code is not 0 either way), e2m1_value(y) = the decode of the code
+// (to FP16: exact, a grid value), then the product with s in FP16, which is exact (a grid value
+// has 2 significant bits and s 4, in [2^-10, 2688], all normal FP16 values) and is the operation
+// the code path's decode does (e2m1x2_to_half2 times the scale, __hmul2): so the bits are those of
+// decoding nvfp4_group's codes, signed zeros included. A zero scale gives +0 everywhere (SPEC 3).
+// About 8 instructions an element (FMUL, 2 FMNMX, LOP3, 2 FFMA, LOP3 for the sign; F2FP and
+// HMUL2 per pair) against nvfp4_group's ~9 plus a decode.
+__device__ __forceinline__ void nvfp4_group_fp16(const float (&x)[kGroup], const float* recip_scaled,
+                                                 uint32_t (&out)[kGroup / 2]) {
+  const float amax = nvfp4_group_amax(x);
+  const uint32_t scale = e4m3x2_word(div6_rn(amax), 0.0f);
+  const float r = __fmul_rn(recip_scaled[scale], 0x1p110f);  // exact: the table holds r 2^-110 (0 for s = 0)
+  const uint32_t sign = scale == 0 ? 0u : 0x80000000u;
+  const uint32_t s2 = ue4m3_f16x2(scale);
+#pragma unroll
+  for (int i = 0; i < kGroup / 2; ++i) {
+    const float lo = e2m1_value(__fmul_rn(x[2 * i], r), sign);
+    const float hi = e2m1_value(__fmul_rn(x[2 * i + 1], r), sign);
+    out[i] = f16x2_mul(f16x2_bits(lo, hi), s2);
+  }
 }
 
 // SPEC 4: codes rn_e4m3(x * (1/s)), all 0 when s == 0 (then 1/s would be inf and 0*inf NaN).

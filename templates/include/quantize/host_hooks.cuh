@@ -26,6 +26,9 @@ void emulated_cp_async_commit();
 void emulated_cp_async_wait(int pending);
 void* emulated_dynamic_smem();
 uint32_t emulated_e4m3(float x);  // cvt.rn.satfinite.e4m3 of one float
+uint32_t emulated_f16x2(float lo, float hi);     // cvt.rn.f16x2.f32 (lo in the low half)
+uint32_t emulated_f16x2_mul(uint32_t a, uint32_t b);  // mul.rn.f16x2
+void emulated_syncwarp();                        // bar.warp.sync of the whole warp
 #endif
 
 
@@ -35,6 +38,48 @@ __device__ __forceinline__ uint32_t e4m3x2_word(float lo, float hi) {
   return ptx::cvt_e4m3x2_rn_satfinite(lo, hi);
 #else
   return emulated_e4m3(lo) | emulated_e4m3(hi) << 8;
+#endif
+}
+
+// cvt.rn.f16x2.f32: two floats -> f16x2 bits, `lo` in the low half (the FP16 output mode of the
+// NVFP4 pre-pass; its values are exact in FP16, so the rounding never acts there).
+__device__ __forceinline__ uint32_t f16x2_bits(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+#else
+  return emulated_f16x2(lo, hi);
+#endif
+}
+
+// mul.rn.f16x2 on f16x2 bits (HMUL2).
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+  const __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&h);
+#else
+  return emulated_f16x2_mul(a, b);
+#endif
+}
+
+// A UE4M3 byte's value in both halves of an f16x2 word (cvt.rn.f16x2.e4m3x2, exact: every E4M3
+// value is an FP16 value).
+__device__ __forceinline__ uint32_t ue4m3_f16x2(uint32_t code) {
+#ifdef __CUDA_ARCH__
+  return ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(code * 0x0101u));
+#else
+  const float s = e4m3_to_float(static_cast<uint8_t>(code));
+  return emulated_f16x2(s, s);
+#endif
+}
+
+// __syncwarp(): the warp's lanes meet, and their shared-memory accesses before it are ordered
+// before those after it.
+__device__ __forceinline__ void sync_warp() {
+#ifdef __CUDA_ARCH__
+  __syncwarp();
+#else
+  emulated_syncwarp();
 #endif
 }
 

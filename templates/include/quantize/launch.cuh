@@ -1,6 +1,7 @@
 // Host launcher of the quantization pre-pass (quantize/prepass.cuh): the three launches of a
-// call on the caller's stream, their grid sizes and the once-per-device shared-memory opt-in.
-// CUDA builds only; the bindings (templates/quantize.cu.jinja) call launch_quantize.
+// call on the caller's stream, their grid sizes and the once-per-device shared-memory opt-in, for
+// any output policy (Outputs<op>, Fp16Outputs<Op::kNvfp4>). CUDA builds only; the bindings
+// (templates/quantize.cu.jinja) call launch_quantize.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,8 +21,9 @@ namespace quantize {
 
 #ifdef __CUDACC__
 // CTAs of a persistent tile launch on the current device: all that fit at once. The dynamic
-// shared memory opt-in and the occupancy query run once per device, op, pass and stage count.
-template <Op op, Pass pass, int kStages>
+// shared memory opt-in and the occupancy query run once per device, output policy, pass and stage
+// count.
+template <class Out, Pass pass, int kStages>
 cudaError_t quantize_kernel_ctas(int* ctas) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];
@@ -32,7 +34,7 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
     *ctas = known;
     return cudaSuccess;
   }
-  const auto kernel = quantize_kernel<op, pass, kStages>;
+  constexpr auto kernel = tile_kernel<Out, pass, kStages>();
   constexpr size_t kSmem = pipe_smem_bytes<kStages>();
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
@@ -49,13 +51,14 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
   return cudaSuccess;
 }
 
-template <Op op, Pass pass, int kStages>
-cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
+template <class Out, Pass pass, int kStages>
+cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Out& out, cudaStream_t stream) {
   int ctas = 0;
-  if (const cudaError_t e = quantize_kernel_ctas<op, pass, kStages>(&ctas); e != cudaSuccess) return e;
-  const ItemMap map = make_item_map<op, pass>(tb, in.heads);
+  if (const cudaError_t e = quantize_kernel_ctas<Out, pass, kStages>(&ctas); e != cudaSuccess) return e;
+  const ItemMap map = make_item_map<Out::kOp, pass>(tb, in.heads);
   const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
-  quantize_kernel<op, pass, kStages><<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
+  constexpr auto kernel = tile_kernel<Out, pass, kStages>();
+  kernel<<<grid, kThreads, pipe_smem_bytes<kStages>(), stream>>>(in, tb, out, map);
   return last_launch_status();
 }
 
@@ -65,21 +68,22 @@ cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Outputs<op>& 
 // shared memory, pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
 // The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
 // FastDiv) stays below 2^31.
-template <Op op, int kStages>
-cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Outputs<op>& out, cudaStream_t stream) {
+template <int kStages, class Out>
+cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Out& out, cudaStream_t stream) {
   const bool tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads > 0;
   if (tiles) {
-    if (const cudaError_t e = launch_tiles<op, Pass::kQAndStats, kStages>(in, tb, out, stream); e != cudaSuccess)
+    if (const cudaError_t e = launch_tiles<Out, Pass::kQAndStats, kStages>(in, tb, out, stream); e != cudaSuccess)
       return e;
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
   if (seg_heads > 0) {
     const ReduceShape shape = reduce_shape(tb.num_qblocks, tb.segments);
-    segment_reduce_kernel<op><<<static_cast<unsigned>(seg_heads * shape.split), kHeadDim / shape.split * shape.slices,
-                                0, stream>>>(in, tb, out, shape.split);
+    constexpr auto reduce = reduce_kernel<Out>();
+    reduce<<<static_cast<unsigned>(seg_heads * shape.split), kHeadDim / shape.split * shape.slices, 0, stream>>>(
+        in, tb, out, shape.split);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
   }
-  if (tiles) return launch_tiles<op, Pass::kKAndV, kStages>(in, tb, out, stream);
+  if (tiles) return launch_tiles<Out, Pass::kKAndV, kStages>(in, tb, out, stream);
   return cudaSuccess;
 }
 #endif  // __CUDACC__

@@ -1,14 +1,29 @@
 // The quantization pre-pass of both recipes (SPEC 3 steps 1-3, SPEC 4 step 1): segment means of
-// k, 128-row block means of q, smoothing, and the NVFP4 / FP8 codes and scales of Q, K and V,
-// written into the workspace regions of flashinfer_h3/layout.py.
+// k, 128-row block means of q, smoothing, and the NVFP4 / FP8 codes and scales of Q, K and V (or,
+// for the Hopper NVFP4 kernel, the NVFP4 values as FP16), written into the workspace regions of
+// flashinfer_h3/layout.py.
+//
+// Output policies (the Outputs type every kernel and launcher below is written for):
+//   Outputs<Op::kNvfp4>      NVFP4 codes + UE4M3 scales (layout `nvfp4`: the mma.sync kernel,
+//                            native on SM120, emulated on sm_90a)
+//   Outputs<Op::kFp8>        FP8 codes + FP32 scales (layouts `fp8`, `fp8_sm90`)
+//   Fp16Outputs<Op::kNvfp4>  the NVFP4 operands' values s * code as FP16, in the shapes the
+//                            Hopper wgmma kernel reads by TMA (layout `nvfp4_fp16`, backend
+//                            wgmma_fp16_nvfp4; only the nvfp4_wgmma module instantiates it)
+// The FP16 policy runs the same items, groups, scales and element rounding as the NVFP4 codes
+// (numerics/group_quantize.cuh, nvfp4_group_fp16), so its values are bit for bit the decoded
+// codes; it stores no codes. (The Hopper backend used to store codes and then expand them in a
+// pass of its own, which read 0.56 B and wrote 2 B an element: ~1 ms at 61,440 x 56 on an
+// H200.) Its kernels have names of their own (quantize_fp16_kernel, segment_reduce_fp16_kernel),
+// so the codes kernels keep their names and their code.
 //
 // Three launches per call, all on the caller's stream; 1 and 3 are the same persistent tile
-// kernel (quantize_kernel) with different item kinds:
+// kernel (quantize_kernel, or quantize_fp16_kernel) with different item kinds:
 //
-//   1. quantize_kernel<Pass::kQAndStats>  per (128-row block, head): the Q tile (codes, scales and,
-//                                         for NVFP4, the block mean qbar) and the block's column
-//                                         statistics: sums of k (and, for FP8, amax of |v|, a
-//                                         separate item) -> scratch
+//   1. quantize_kernel<Pass::kQAndStats>  per (128-row block, head): the Q tile (codes and scales,
+//                                         or FP16 values; for NVFP4 also the block mean qbar) and
+//                                         the block's column statistics: sums of k (and, for FP8,
+//                                         amax of |v|, a separate item) -> scratch
 //   2. segment_reduce_kernel              per (segment, head, channel part): kbar = sum / L (FP64
 //                                         sum of the block sums, fixed order), FP8 V scales
 //   3. quantize_kernel<Pass::kKAndV>      per (128-row block, head): the K' = k - kbar tile and
@@ -28,15 +43,16 @@
 // fixed order (no atomics), so the means are deterministic for a given shape.
 //
 // Scratch without extra regions: launch 1 parks the statistics of canonical block cb, channel c,
-// head h in row (h, c / 8) of v_codes, which only launch 3 writes:
+// head h in row (h, c / 8) of the V region (v_codes; v_f16 for the FP16 policy), which only
+// launch 3 writes:
 //   NVFP4: the k column sum, a float at byte 32 cb + 4 (c % 8);
 //   FP8:   (k column sum, v column amax), two floats at byte 64 cb + 8 (c % 8).
 // A block's 128 channels are thus 16 runs of 32 (64) bytes, whole sectors for launch 2. They lie
-// in the used columns [0, vkey_start[S]) (vkey_start[S] >= 64 NQB keys, i.e. 32 NQB NVFP4 bytes
-// and 64 NQB FP8 bytes), and launch 3's V tiles write every one of those columns. So the binding
-// keeps the design.md signatures, and nothing outside the layout's used bytes is ever written:
-// rows of qbar past NQB, V columns past vkey_start[S] and the gaps between regions stay as they
-// were.
+// in the used columns [0, vkey_start[S]) (vkey_start[S] >= 64 NQB keys, i.e. 32 NQB NVFP4 bytes,
+// 64 NQB FP8 bytes, 128 NQB FP16 bytes), and launch 3's V tiles write every one of those columns
+// (FP16: every used position, the padding's zeros included). So the binding keeps the design.md
+// signatures, and nothing outside the layout's used bytes is ever written: rows of qbar past NQB,
+// V columns (K rows) past vkey_start[S] and the gaps between regions stay as they were.
 //
 // Workspace layout written (see layout.py for shapes; T tokens, H heads, c channel):
 //   NVFP4  q_codes/k_codes [H, T, 64]   row (h, t): 64 bytes, channel 2i in the low nibble of byte i
@@ -48,20 +64,30 @@
 //          kbar [S, H, 128], qbar [cap, H, 128] in canonical block order (FP32)
 //   FP8    q_codes/k_codes [H, T, 128] E4M3; q_scales [H, T] and k_scales [H, cap] FP32
 //          v_codes [H, 128, nvk] E4M3, v_scales [S, H, 128] FP32, kbar as above
+//   FP16   q_f16 [H, T, 128]     row (h, t): Q' of token t, s * code as FP16 (256 bytes)
+//          k_f16 [H, nvk, 128]   row (h, vkey_start[s] + p): K' of key a_s + window_key_at(p) of
+//                                segment s (64-key windows from the segment start), zeros where
+//                                that is past the segment's last key
+//          v_f16 [H, 128, nvk]   row (h, c), column vkey_start[s] + p: V of the same key
+//          kbar, qbar as for NVFP4
 // Stores are coalesced for the attention kernels' row-major reads: a warp writes whole 64-byte
 // (128-byte) Q/K code rows, consecutive rows adjacent, and whole 32-byte sectors of V code rows
-// (see VThread).
+// (see VThread); FP16: whole 256-byte Q/K rows, 8 lanes a row, and whole 128-byte V^T row
+// segments (nvfp4_v_fp16).
 //
 // Numerics: the element path is bit-exact to SPEC 3/4 (formats.cuh conversions, explicit
 // __f*_rn steps, never --use_fast_math): the smoothing is __fsub_rn, FP8 uses __fdiv_rn,
-// __frcp_rn and __fmul_rn, and the NVFP4 group quantizer is nvfp4_group below, whose shortcuts
-// tests/kernels/test_quantize_build.py checks for every float (and the whole group against formats.py).
+// __frcp_rn and __fmul_rn, and the NVFP4 group quantizer is nvfp4_group (or nvfp4_group_fp16,
+// its decoded values) of numerics/group_quantize.cuh, whose shortcuts
+// tests/kernels/test_quantize_build.py checks for every float (and the whole group against
+// formats.py, the FP16 group against the decoded codes).
 //
 // Files: this one holds the device code; the group quantizers are numerics/group_quantize.cuh,
 // the host launcher quantize/launch.cuh.
 //
 // Host builds. The kernels only use CUDA builtins, numerics/ and the device/host seam of
-// quantize/host_hooks.cuh (cp.async, dynamic shared memory, the E4M3 cvt), so the CPU test
+// quantize/host_hooks.cuh (cp.async, dynamic shared memory, the E4M3 cvt, the f16x2 pack and
+// product, __syncwarp), so the CPU test
 // (tests/ quantize build tests) compiles this header with a host C++ compiler, one std::thread
 // per CUDA thread, and checks the launches against flashinfer_h3.reference on machines without
 // a GPU; the emulated_* functions of host_hooks.cuh are what such a build provides.
@@ -70,6 +96,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "attention/sm90/nvfp4_key_order.cuh"
 #include "common.cuh"
 #include "numerics/formats.cuh"
 #include "numerics/group_quantize.cuh"
@@ -119,21 +146,30 @@ struct Inputs {
 template <Op op>
 struct Outputs;
 
+// Every output policy says which recipe it writes (kOp), whether as FP16 operands (kFp16), and
+// where launch 1 parks its statistics (stats_rows: the V region's rows, see the file comment).
 template <>
 struct Outputs<Op::kNvfp4> {
+  static constexpr Op kOp = Op::kNvfp4;
+  static constexpr bool kFp16 = false;
   float* kbar;        // [S, H, 128]
-  float* qbar;        // [cap, H, 128]; launch 1 parks the k block sums here
+  float* qbar;        // [cap, H, 128]
   uint8_t* q_codes;   // [H, T, 64]
   uint8_t* q_scales;  // [H, T, 8]
   uint8_t* k_codes;
   uint8_t* k_scales;
-  uint8_t* v_codes;   // [H, 128, v_code_row]
+  uint8_t* v_codes;   // [H, 128, v_code_row]; launch 1 parks the k block sums here
   uint8_t* v_scales;  // [H, 128, v_code_row / 8]
   int64_t v_code_row; // bytes per v_codes row (nvk / 2)
+
+  __device__ __forceinline__ uint8_t* stats_rows() const { return v_codes; }
+  __device__ __forceinline__ int64_t stats_row_bytes() const { return v_code_row; }
 };
 
 template <>
 struct Outputs<Op::kFp8> {
+  static constexpr Op kOp = Op::kFp8;
+  static constexpr bool kFp16 = false;
   float* kbar;        // [S, H, 128]
   uint8_t* q_codes;   // [H, T, 128]
   float* q_scales;    // [H, T]
@@ -143,6 +179,30 @@ struct Outputs<Op::kFp8> {
   float* v_scales;    // [S, H, 128]
   int64_t v_code_row; // bytes per v_codes row (nvk)
   int64_t k_scale_row;
+
+  __device__ __forceinline__ uint8_t* stats_rows() const { return v_codes; }
+  __device__ __forceinline__ int64_t stats_row_bytes() const { return v_code_row; }
+};
+
+// The FP16 policy (the Hopper wgmma backend, layout nvfp4_fp16): the NVFP4 recipe's values
+// s * code as FP16 bits. No codes or scales are stored: the kernel reads only these and qbar.
+// Defined for NVFP4 only (the FP8 kernels read codes).
+template <Op op>
+struct Fp16Outputs;
+
+template <>
+struct Fp16Outputs<Op::kNvfp4> {
+  static constexpr Op kOp = Op::kNvfp4;
+  static constexpr bool kFp16 = true;
+  float* kbar;        // [S, H, 128]
+  float* qbar;        // [cap, H, 128]
+  uint16_t* q_f16;    // [H, T, 128]
+  uint16_t* k_f16;    // [H, vkeys_cap, 128]
+  uint16_t* v_f16;    // [H, 128, vkeys_cap]; launch 1 parks the k block sums here
+  int64_t vkeys_cap;  // k_f16 rows and v_f16 columns per head (a multiple of 64)
+
+  __device__ __forceinline__ uint8_t* stats_rows() const { return reinterpret_cast<uint8_t*>(v_f16); }
+  __device__ __forceinline__ int64_t stats_row_bytes() const { return 2 * vkeys_cap; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -169,10 +229,10 @@ __device__ __forceinline__ float bf16_hi(uint32_t pair) { return __uint_as_float
 // ---------------------------------------------------------------------------------------------
 
 // The k column sum of canonical block cb, channel c; for FP8 the v column amax follows it.
-template <Op op>
-__device__ __forceinline__ float* stats_slot(const Outputs<op>& o, int cb, int h, int c) {
-  constexpr int kFloats = op == Op::kNvfp4 ? 1 : 2;
-  return reinterpret_cast<float*>(o.v_codes + (static_cast<int64_t>(h) * kHeadDim + c / 8) * o.v_code_row) +
+template <class Out>
+__device__ __forceinline__ float* stats_slot(const Out& o, int cb, int h, int c) {
+  constexpr int kFloats = Out::kOp == Op::kNvfp4 ? 1 : 2;
+  return reinterpret_cast<float*>(o.stats_rows() + (static_cast<int64_t>(h) * kHeadDim + c / 8) * o.stats_row_bytes()) +
          (static_cast<int64_t>(cb) * 8 + c % 8) * kFloats;
 }
 
@@ -198,9 +258,9 @@ inline ReduceShape reduce_shape(int num_qblocks, int segments) {
 }
 
 // grid S * H * split, blockDim (128 / split) * slices.
-template <Op op>
-__global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Inputs in, Tables tb, Outputs<op> out,
-                                                                            int split) {
+template <class Out>
+__device__ __forceinline__ void segment_reduce(const Inputs& in, const Tables& tb, const Out& out, int split) {
+  constexpr Op op = Out::kOp;
   __shared__ double sums[kReduceMaxThreads];
   __shared__ float maxes[kReduceMaxThreads];
   const int channels = kHeadDim / split;  // of this CTA
@@ -250,6 +310,28 @@ __global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Input
   const int64_t at = (static_cast<int64_t>(s) * in.heads + h) * kHeadDim + c;
   out.kbar[at] = length > 0 ? static_cast<float>(sum / static_cast<double>(length)) : 0.0f;
   if constexpr (op == Op::kFp8) out.v_scales[at] = __fdiv_rn(vmax, kFp8Max);
+}
+
+template <Op op>
+__global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_kernel(Inputs in, Tables tb, Outputs<op> out,
+                                                                            int split) {
+  segment_reduce(in, tb, out, split);
+}
+
+template <Op op>
+__global__ void __launch_bounds__(kReduceMaxThreads) segment_reduce_fp16_kernel(Inputs in, Tables tb,
+                                                                                 Fp16Outputs<op> out, int split) {
+  segment_reduce(in, tb, out, split);
+}
+
+// Launch 2's kernel of an output policy.
+template <class Out>
+constexpr auto reduce_kernel() {
+  if constexpr (Out::kFp16) {
+    return &segment_reduce_fp16_kernel<Out::kOp>;
+  } else {
+    return &segment_reduce_kernel<Out::kOp>;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,14 +440,15 @@ struct alignas(16) ItemDesc {
   int h, segment, row_begin, n, canonical, pad0, pad1;
 };
 
-// A V item's two table entries come into its stage by cp.async with the tile: loaded by thread 0
-// with plain loads, they made its warp, and so everyone's next barrier, wait an L2 round trip
-// per item (long-scoreboard stalls were ~30 % of the warp samples in an ncu profile). Stages
-// start on 128-byte boundaries: with 16-byte ones the pre-pass measured ~5 % slower on an H200.
+// A V item's two table entries (and an FP16 K item's, whose rows go to padded positions too)
+// come into its stage by cp.async with the tile: loaded by thread 0 with plain loads, they made
+// its warp, and so everyone's next barrier, wait an L2 round trip per item (long-scoreboard
+// stalls were ~30 % of the warp samples in an ncu profile). Stages start on 128-byte boundaries:
+// with 16-byte ones the pre-pass measured ~5 % slower on an H200.
 struct alignas(128) Stage {
   uint4 tile[kTileChunks];    // bf16 rows, chunk-swizzled (see above)
   float aux[kHeadDim];        // K: kbar[segment, h, :]; FP8 V: v_scales[segment, h, :]
-  int vkey_start, seg_start;  // V: vkey_start[segment], seg_bounds[segment]
+  int vkey_start, seg_start;  // V (and FP16 K): vkey_start[segment], seg_bounds[segment]
   ItemDesc desc;              // written by thread 0 when the stage is filled
 };
 
@@ -407,11 +490,11 @@ __device__ __forceinline__ ItemDesc decode_item(const ItemMap& map, int item, in
 }
 
 // The row of means (K) or scales (FP8 V) an item needs next to its tile, or null.
-template <Op op>
-__device__ __forceinline__ const float* aux_source(const Outputs<op>& out, const ItemDesc& d, int heads) {
+template <class Out>
+__device__ __forceinline__ const float* aux_source(const Out& out, const ItemDesc& d, int heads) {
   const int64_t at = (static_cast<int64_t>(d.segment) * heads + d.h) * kHeadDim;
   if (d.kind == Kind::kK) return out.kbar + at;
-  if constexpr (op == Op::kFp8) {
+  if constexpr (Out::kOp == Op::kFp8) {
     if (d.kind == Kind::kV) return out.v_scales + at;
   }
   return nullptr;
@@ -419,13 +502,13 @@ __device__ __forceinline__ const float* aux_source(const Outputs<op>& out, const
 
 // Starts the copies of an item into a stage: rows [0, n) of its tile, zeros for rows [n, 128)
 // (padded V keys quantize as +0, and every register copy reads whole tiles), its aux row and a V
-// item's two table entries. Thread t copies chunk t % 16 of rows t / 16 + 16 i: a warp covers two
-// whole 256-byte rows per step. A full tile (every block but a segment's last) needs no per-row
-// test; in a partial one the zero fill reads nothing, but its source operand still names a row
-// of this tile.
-template <Op op>
-__device__ __forceinline__ void issue_item(const Inputs& in, const Tables& tb, const Outputs<op>& out,
-                                           const ItemDesc& d, Stage& st) {
+// (or FP16 K) item's two table entries. Thread t copies chunk t % 16 of rows t / 16 + 16 i: a warp
+// covers two whole 256-byte rows per step. A full tile (every block but a segment's last) needs no
+// per-row test; in a partial one the zero fill reads nothing, but its source operand still names
+// a row of this tile.
+template <class Out>
+__device__ __forceinline__ void issue_item(const Inputs& in, const Tables& tb, const Out& out, const ItemDesc& d,
+                                           Stage& st) {
   constexpr int kRowsPerStep = kThreads / kRowChunks;  // 16
   const int c = threadIdx.x % kRowChunks, r0 = threadIdx.x / kRowChunks;
   const uint16_t* base = d.kind == Kind::kQ ? in.q : d.kind == Kind::kK || d.kind == Kind::kKStats ? in.k : in.v;
@@ -449,7 +532,8 @@ __device__ __forceinline__ void issue_item(const Inputs& in, const Tables& tb, c
   if (aux != nullptr && threadIdx.x < kHeadDim / 4) cp_async_16(&st.aux[4 * threadIdx.x], aux + 4 * threadIdx.x, 16u);
   // The table entries: 4-byte copies by two lanes of warp 1 (warp 0 copies the aux row).
   const int t = static_cast<int>(threadIdx.x) - kWarpSize;
-  if (d.kind == Kind::kV && (t == 0 || t == 1)) {
+  const bool positions = d.kind == Kind::kV || (Out::kFp16 && d.kind == Kind::kK);  // padded positions
+  if (positions && (t == 0 || t == 1)) {
     cp_async_4(t == 0 ? &st.vkey_start : &st.seg_start, (t == 0 ? tb.vkey_start : tb.seg_bounds) + d.segment);
   }
 }
@@ -557,8 +641,8 @@ __device__ __forceinline__ float column_total(const float (*red)[kHeadDim], int 
 
 // A statistics item: k column sums or (FP8) v column amax of the block -> stats_slot. One
 // barrier.
-template <Op op, class Combine>
-__device__ __forceinline__ void block_stats(const Stage& st, const ItemDesc& d, const Outputs<op>& out,
+template <class Out, class Combine>
+__device__ __forceinline__ void block_stats(const Stage& st, const ItemDesc& d, const Out& out,
                                             float (*red)[kHeadDim], Combine combine, int slot_offset) {
   column_partials(st, red, combine);
   __syncthreads();
@@ -701,11 +785,149 @@ __device__ __forceinline__ void fp8_v(const uint2 (&w)[kGroup], const float (&sv
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The FP16 policy's tiles (Fp16Outputs<Op::kNvfp4>): the values of the groups nvfp4_rows /
+// nvfp4_v would encode, as FP16 at the positions the Hopper kernel's TMA reads
+// ---------------------------------------------------------------------------------------------
+
+// NVFP4 Q or K tile from registers as FP16: the thread's group of each of its 4 rows is 32 bytes
+// of a 256-byte row, so the 8 lanes of a row write it whole (two 16-byte stores each) and a warp
+// 4 rows. Q rows go to token order; K rows to the padded window order of the segment
+// (nvfp4_key_order.cuh): key p of the segment to position vkey_start[s] + (p - p % 64) +
+// window_position_of(p % 64). A block starts on a multiple of 128 keys, so key row_begin - a_s +
+// r of the block lands on col0 + (r & 64) + window_position_of(r & 63), col0 = vkey_start[s] +
+// (row_begin - a_s) as for V (the stage holds both table entries for an FP16 K item). The
+// positions of rows [n, round_up(n, 64)) of a segment's last block get zeros (their stage rows
+// are zeros, minus kbar: not zero, hence the separate store), those past it nothing.
+__device__ __forceinline__ void nvfp4_rows_fp16(const uint32_t (&w)[kRawWords], const float (&m)[kGroup],
+                                                const ItemDesc& d, const Stage& st,
+                                                const Fp16Outputs<Op::kNvfp4>& out, int64_t tokens,
+                                                const float* recip) {
+  const int j = threadIdx.x % kChanGroups, rs = threadIdx.x / kChanGroups;
+  const bool is_q = d.kind == Kind::kQ;
+  int64_t first;  // row (Q) or position (K) of the tile's row 0
+  if (is_q) {
+    first = static_cast<int64_t>(d.h) * tokens + d.row_begin;
+  } else {
+    first = static_cast<int64_t>(d.h) * out.vkeys_cap + st.vkey_start + (d.row_begin - st.seg_start);
+  }
+  uint16_t* rows = (is_q ? out.q_f16 : out.k_f16) + first * kHeadDim + j * kGroup;
+  const int written = is_q ? d.n : round_up(d.n, kVKeyPad);
+  // Rows past n are computed too (no branch between the rows, as in nvfp4_rows).
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int r = rs + kRowSlices * i;
+    float x[kGroup];
+    row_minus(w, i, m, x);
+    uint32_t v[kGroup / 2];
+    nvfp4_group_fp16(x, recip, v);
+    const int at = is_q ? r : (r & kVKeyPad) | sm90::window_position_of(r & (kVKeyPad - 1));
+    uint4* dst = reinterpret_cast<uint4*>(rows + static_cast<int64_t>(at) * kHeadDim);
+    if (r < d.n) {
+      dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    } else if (r < written) {
+      dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// The FP16 V staging area of a warp: its own part of the stage, the 4 KB its lanes' copy_columns
+// read (key rows 64 (warp % 2) .. + 63, logical 16-byte chunks 4 (warp / 2) .. + 3), exactly the
+// size of its output, 32 V^T rows (channels 32 (warp / 2) + row) x 128 bytes (the 64 positions of
+// window warp % 2). Chunk cx (< 8: positions 8 cx .. 8 cx + 7) of output row `row` (< 32) sits at
+//   key row  r = 64 (warp % 2) + row % 16 + 16 b + 32 (row / 16),   b = (cx ^ row / 4) % 2,
+//   chunk    c = 4 (warp / 2) + p,                                  p = (cx / 2 ^ row / 8) % 4,
+// swizzled like every stage access (swizzle_chunk(c, r)). Bit 4 of r (b) picks the bank half of
+// the chunk, so (b, p) is its 16-byte bank group, and both accesses are conflict-free: the 32
+// lanes of a staging store (lane (u % 8, t): word t of chunk i of row 4 (u % 8) + k) cover 8
+// values of row / 4, hence 8 (b, p), x 4 words; the 8 lanes of a row in a copy-out load cover 8
+// values of cx, hence 8 (b, p).
+// Addresses: in the byte offset r 256 + 16 swizzle_chunk(c, r), b and p are bit fields of their
+// own (b: 0x1000, and 0x40 through the swizzle; p: 0x30) which cx and row / 4 enter only by XOR,
+// and row % 4 adds 256 (row % 4) without a carry. So offset(row, cx) = (base(row / 4) ^ flip(cx))
+// + 256 (row % 4), with base(q) = offset(4 q, 0) = (base(0) ^ flip(q)) + rows(q): a lane's 32
+// stores take 8 XORs and immediate offsets, its 8 loads 8 XORs.
+constexpr uint32_t v_staging_flip(int cx) { return (cx & 1) * 0x1040u ^ ((cx >> 1) & 3) * 0x10u; }
+constexpr uint32_t v_staging_rows(int q) { return 256u * (4 * (q & 3) + 32 * (q >> 2)); }
+
+// base(q) = offset(4 q, 0), computed from the placement above.
+__device__ __forceinline__ uint32_t v_staging_base(int warp, int q) {
+  const int b = q & 1;
+  const int r = kVKeyPad * (warp % 2) + 4 * (q & 3) + 16 * b + 32 * (q >> 2);
+  const int c = 4 * (warp / 2) + ((q >> 1) & 3);
+  return static_cast<uint32_t>(r * kRowChunks + swizzle_chunk(c, r)) * 16u;
+}
+
+// A lane's two base offsets: its staging stores' (word lane / 8 of row 4 (lane % 8), chunk 0) and
+// its copy-out loads' (chunk lane % 8 of row lane / 8).
+struct VStaging {
+  uint32_t store, load;
+};
+
+__device__ __forceinline__ VStaging v_staging(int warp, int lane) {
+  return {v_staging_base(warp, lane % 8) + 4u * (lane / 8),
+          (v_staging_base(warp, 0) + 256u * (lane / 8)) ^ v_staging_flip(lane % 8)};
+}
+
+// Staging store (k, i) of a lane: word lane / 8 of chunk i of row 4 (lane % 8) + k.
+__device__ __forceinline__ uint32_t v_staging_store_at(const VStaging& s, int k, int i) {
+  return (s.store ^ v_staging_flip(i)) + 256u * k;
+}
+
+// Copy-out load jj of a lane: chunk lane % 8 of row 4 jj + lane / 8.
+__device__ __forceinline__ uint32_t v_staging_load_at(const VStaging& s, int jj) {
+  return (s.load ^ v_staging_flip(jj)) + v_staging_rows(jj);
+}
+
+// NVFP4 V tile as FP16. The column thread (VThread) holds group t = kc % 4 of its window for
+// channels 4u..4u+3; in the window order group t's keys 2i, 2i + 1 sit at positions 8i + 2t,
+// 8i + 2t + 1, one f16x2 word (the values of a group are never more than 4 bytes together). A
+// warp holds channels 32 (warp / 2) .. + 31 of window warp % 2: 32 whole 128-byte row segments of
+// v_f16. Stored straight from the registers, a store instruction would write 16-byte pieces of 8
+// rows (4 lanes x 4 bytes each): half sectors. So the warp stages its 4 KB in its own part of the
+// stage (free once all its lanes hold their columns: a __syncwarp, no CTA barrier) and copies
+// them out whole: each store instruction writes 4 rows x 128 bytes, 16 bytes a lane (32 4-byte
+// shared stores, 8 16-byte loads and 8 16-byte global stores a thread, against 32 4-byte global
+// stores). A window past the tile's padded end (round_up(n, 64); a whole warp's) is computed and
+// staged but not stored: leaving before the __syncwarps made ptxas compile the whole path twice
+// (a WARPSYNC.COLLECTIVE copy for a divergent warp), +800 instructions.
+__device__ __forceinline__ void nvfp4_v_fp16(const uint2 (&w)[kGroup], const ItemDesc& d, int64_t col0, Stage& st,
+                                             const Fp16Outputs<Op::kNvfp4>& out, const float* recip) {
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize), warp = static_cast<int>(threadIdx.x / kWarpSize);
+  char* tile = reinterpret_cast<char*>(st.tile);
+  const VStaging at = v_staging(warp, lane);
+  sync_warp();  // every lane of the warp holds its columns: the warp's part of the stage is free
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float x[kGroup];
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) x[e] = column_value(w, e, k);
+    uint32_t v[kGroup / 2];
+    nvfp4_group_fp16(x, recip, v);
+#pragma unroll
+    for (int i = 0; i < kGroup / 2; ++i)
+      *reinterpret_cast<uint32_t*>(tile + v_staging_store_at(at, k, i)) = v[i];
+  }
+  sync_warp();  // the warp's 32 rows are staged
+  // Copy-out: 8 lanes a row, each 16 bytes (chunk lane % 8) of row 4 jj + lane / 8.
+  const int64_t row0 = static_cast<int64_t>(d.h) * kHeadDim + 32 * (warp / 2) + lane / 8;  // the lane's row jj = 0
+  uint16_t* dst = out.v_f16 + row0 * out.vkeys_cap + col0 + kVKeyPad * (warp % 2) + 8 * (lane % 8);
+  if (kVKeyPad * (warp % 2) >= round_up(d.n, kVKeyPad)) return;  // the window is past the padded end
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    *reinterpret_cast<uint4*>(dst + 4 * jj * out.vkeys_cap) =
+        *reinterpret_cast<const uint4*>(tile + v_staging_load_at(at, jj));
+  }
+}
+
 // One item from its stage, after the barrier that opened it. Every read of the stage happens
-// before the barrier that opens the next item.
-template <Op op, int kStages>
-__device__ __forceinline__ void process_item(const Inputs& in, const Outputs<op>& out, const ItemDesc& d,
-                                             const Stage& st, PipeSmem<kStages>& sm) {
+// before the barrier that opens the next item (an FP16 V item also writes its warps' parts of the
+// stage, after their own reads: nvfp4_v_fp16).
+template <class Out, int kStages>
+__device__ __forceinline__ void process_item(const Inputs& in, const Out& out, const ItemDesc& d, Stage& st,
+                                             PipeSmem<kStages>& sm) {
+  constexpr Op op = Out::kOp;
   if (d.kind == Kind::kKStats) {
     block_stats(st, d, out, sm.red, SumOp{}, 0);
     return;
@@ -722,7 +944,9 @@ __device__ __forceinline__ void process_item(const Inputs& in, const Outputs<op>
     copy_columns(st, vt, w);
     // The first padded V column of the tile: keys of segment s sit at vkey_start[s] + (key - a_s).
     const int64_t col0 = static_cast<int64_t>(st.vkey_start) + (d.row_begin - st.seg_start);
-    if constexpr (op == Op::kNvfp4) {
+    if constexpr (Out::kFp16) {
+      nvfp4_v_fp16(w, d, col0, st, out, sm.recip);
+    } else if constexpr (op == Op::kNvfp4) {
       nvfp4_v(w, d, col0, out, sm.recip);
     } else {
       const float4 s4 = *reinterpret_cast<const float4*>(&st.aux[4 * vt.u]);
@@ -746,15 +970,20 @@ __device__ __forceinline__ void process_item(const Inputs& in, const Outputs<op>
       __syncthreads();
       nvfp4_q_mean(d.n, sm.red, sm.mean, out.qbar + (static_cast<int64_t>(d.canonical) * in.heads + d.h) * kHeadDim, m);
     }
-    nvfp4_rows(w, m, d, out, in.tokens, sm.recip);
+    if constexpr (Out::kFp16) {
+      nvfp4_rows_fp16(w, m, d, st, out, in.tokens, sm.recip);
+    } else {
+      nvfp4_rows(w, m, d, out, in.tokens, sm.recip);
+    }
   } else {
     fp8_rows(w, m, d, out, in.tokens, sm.red);
   }
 }
 
-template <Op op, Pass pass, int kStages>
-__global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables tb, Outputs<op> out, ItemMap map) {
+template <class Out, Pass pass, int kStages>
+__device__ __forceinline__ void quantize_tiles(const Inputs& in, const Tables& tb, const Out& out, const ItemMap& map) {
   static_assert(kStages >= 2, "a ring of at least two stages");
+  constexpr Op op = Out::kOp;
   PipeSmem<kStages>& sm = *static_cast<PipeSmem<kStages>*>(dynamic_smem());
   if constexpr (op == Op::kNvfp4) {
     if (threadIdx.x < 128) sm.recip[threadIdx.x] = nvfp4_recip_scaled(threadIdx.x);
@@ -803,6 +1032,26 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables
   }
 }
 
+template <Op op, Pass pass, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) quantize_kernel(Inputs in, Tables tb, Outputs<op> out, ItemMap map) {
+  quantize_tiles<Outputs<op>, pass, kStages>(in, tb, out, map);
+}
+
+template <Op op, Pass pass, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) quantize_fp16_kernel(Inputs in, Tables tb, Fp16Outputs<op> out,
+                                                                    ItemMap map) {
+  quantize_tiles<Fp16Outputs<op>, pass, kStages>(in, tb, out, map);
+}
+
+// The tile kernel (launches 1 and 3) of an output policy.
+template <class Out, Pass pass, int kStages>
+constexpr auto tile_kernel() {
+  if constexpr (Out::kFp16) {
+    return &quantize_fp16_kernel<Out::kOp, pass, kStages>;
+  } else {
+    return &quantize_kernel<Out::kOp, pass, kStages>;
+  }
+}
 
 }  // namespace quantize
 }  // namespace flashinfer_h3

@@ -5,7 +5,8 @@
 // CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order; one
 // CTA per SM), the pipeline and ping-pong of the FP8 kernel (fp8_kernel.cuh):
 //   producer  (warpgroup 0)   warp 0, one thread: TMA loads of the Q block and the ring of K
-//                             and V^T tiles (FP16, written by the pre-pass, quantize/expand_fp16.cuh);
+//                             and V^T tiles (FP16, written by the pre-pass's FP16 output policy,
+//                             quantize/prepass.cuh);
 //                             warps 1-3: the delta term of every K tile (nvfp4_delta.cuh, mma.sync);
 //                             gives most of its registers away (setmaxnreg)
 //   consumer c (warpgroups 1, 2)  64 query rows each; per KV tile
