@@ -60,7 +60,8 @@ def test_every_wgmma_is_full_size(built: tuple[Path, str]) -> None:
     sass = bt.cuobjdump("--dump-sass", str(exe))
     wgmmas = re.findall(r"\b([QH]GMMA\.\d+x\d+x\d+)", sass)
     assert wgmmas, "no wgmma in the SASS"
-    assert set(wgmmas) <= {"QGMMA.64x128x32", "HGMMA.64x128x16", "HGMMA.64x64x16"}, sorted(set(wgmmas))
+    shapes = {"QGMMA.64x128x32", "HGMMA.64x128x16", "HGMMA.64x64x16"}
+    assert set(wgmmas) <= shapes, sorted(set(wgmmas))
 
 
 def test_fp8_softmax_loop_keeps_its_exponentials(built: tuple[Path, str]) -> None:
@@ -73,8 +74,8 @@ def test_fp8_softmax_loop_keeps_its_exponentials(built: tuple[Path, str]) -> Non
     assert mine[0].count("MUFU.EX2") >= 60
 
 
-# loop_kernel<consumers, active, keys, role> (mangled ILi<c>ELi<a>ELi<k>ELi<role>E); LoopRole kLoopTurn = 0,
-# kLoopFree = 1.
+# loop_kernel<consumers, active, keys, role> (mangled ILi<c>ELi<a>ELi<k>ELi<role>E); LoopRole
+# kLoopTurn = 0, kLoopFree = 1.
 LOOPS = {
     "2x128 ping-pong": "loop_kernelILi2ELi2ELi128ELi0E",
     "2x128 unordered": "loop_kernelILi2ELi2ELi128ELi1E",
