@@ -72,7 +72,11 @@ enum Nvfp4Variant : int {
 };
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
-// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %).)
+// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %). Measured, not built:
+// three consumer warpgroups on 64-key tiles in a round-robin turn (the register budget's only
+// three-consumer shape) do 0.97x the row-keys per cycle of this ping-pong on resident operands,
+// benchmarks/sm90_pipes.cu "nvfp4 loop" rows: a 64-key softmax costs 57 % of a 128-key one and
+// three of them share the sub-partitions.)
 
 struct Nvfp4Params {
   PlanTables plan;
