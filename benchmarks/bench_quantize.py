@@ -195,8 +195,20 @@ def bench_op(
 
     ms = time_ms(call, args.iters, args.warmup, args.repeats)
     used = used_regions(op, views, bounds)
+    # What the pre-pass really reads and writes: k is read twice (means first), v too for FP8.
+    reread = q.numel() * q.element_size() * (2 if op == "fp8" else 1)
+    # For nvfp4_fp16 also what the Hopper kernel reads: comparable with the baseline's.
+    fp16 = ("q_f16", "k_f16", "v_f16") if op == "nvfp4_fp16" else ()
+    return timing_result(op, call, ms, 3 * q.numel() * q.element_size(), used, reread, fp16, args)
+
+
+def timing_result(op: str, call: Any, ms: float, in_bytes: int, used: dict[str, torch.Tensor],
+                  reread_bytes: int, fp16: tuple[str, ...], args: argparse.Namespace
+                  ) -> dict[str, Any]:
+    """One row of the JSON: time, bytes (inputs once, outputs once; the DRAM estimate adds
+    ``reread_bytes``), checksums of the outputs (and of the FP16 regions named in ``fp16``) and,
+    with ``--profile``, each kernel's time."""
     out_bytes = sum(t.numel() * t.element_size() for t in used.values())
-    in_bytes = 3 * q.numel() * q.element_size()
     result: dict[str, Any] = {
         "op": op,
         "ms": ms,
@@ -204,13 +216,10 @@ def bench_op(
         "output_bytes": out_bytes,
         "gbps": (in_bytes + out_bytes) / ms / 1e6,
         "checksum": checksum(list(used.values())),
-        # What the pre-pass really reads and writes: k is read twice (means first), v too for FP8.
-        "dram_bytes_estimate": in_bytes
-        + out_bytes
-        + q.numel() * q.element_size() * (2 if op == "fp8" else 1),
+        "dram_bytes_estimate": in_bytes + out_bytes + reread_bytes,
     }
-    if op == "nvfp4_fp16":  # what the Hopper kernel reads: comparable with the baseline's
-        result["fp16_checksum"] = checksum([used[n] for n in ("q_f16", "k_f16", "v_f16")])
+    if fp16:
+        result["fp16_checksum"] = checksum([used[n] for n in fp16])
     result["dram_gbps"] = result["dram_bytes_estimate"] / ms / 1e6
     if args.profile:
         try:
@@ -250,28 +259,12 @@ def bench_baseline(
     ms = time_ms(call, args.iters, args.warmup, args.repeats)
     used = {**R.trim_stages("nvfp4", codes, bounds), "q_f16": fp16["q_f16"],
             "k_f16": fp16["k_f16"][:, :nv], "v_f16": fp16["v_f16"][..., :nv]}
-    in_bytes = 3 * q.numel() * q.element_size()
-    out_bytes = sum(t.numel() * t.element_size() for t in used.values())
     code_bytes = sum(used[n].numel() for n in ("q_codes", "q_scales", "k_codes", "k_scales",
                                                "v_codes", "v_scales"))
-    result: dict[str, Any] = {
-        "op": BASELINE,
-        "ms": ms,
-        "input_bytes": in_bytes,
-        "output_bytes": out_bytes,
-        "gbps": (in_bytes + out_bytes) / ms / 1e6,
-        "checksum": checksum(list(used.values())),
-        "fp16_checksum": checksum([used[n] for n in ("q_f16", "k_f16", "v_f16")]),
-        # k read twice, and the expansion reads back every code and scale
-        "dram_bytes_estimate": in_bytes + out_bytes + q.numel() * q.element_size() + code_bytes,
-    }
-    result["dram_gbps"] = result["dram_bytes_estimate"] / ms / 1e6
-    if args.profile:
-        try:
-            result["kernels_us"] = kernel_times(call, args.iters)
-        except Exception as exc:
-            result["profile_error"] = repr(exc)
-    return result
+    # k read twice, and the expansion reads back every code and scale
+    reread = q.numel() * q.element_size() + code_bytes
+    return timing_result(BASELINE, call, ms, 3 * q.numel() * q.element_size(), used, reread,
+                         ("q_f16", "k_f16", "v_f16"), args)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
