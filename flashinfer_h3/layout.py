@@ -82,6 +82,7 @@ segment ``s`` owns blocks ``[qblock_start[s], qblock_start[s+1])``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -209,9 +210,10 @@ def nvfp4_fp16_layout(tokens: int, heads: int, segments: int) -> WorkspaceLayout
     ])
 
 
-def window_key_at(position: int) -> int:
+def window_key_at(position: Any) -> Any:
     """The key (within its 64-key window from the segment start) that ``k_f16`` row / ``v_f16``
-    column ``position`` of the window holds (attention/sm90/nvfp4_key_order.cuh)."""
+    column ``position`` of the window holds (attention/sm90/nvfp4_key_order.cuh). ``position``
+    may be an int or an integer tensor (elementwise)."""
     p = position % V_KEY_PAD
     return 16 * ((p >> 1) & 3) + 2 * (p >> 3) + (p & 1)
 

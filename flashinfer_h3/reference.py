@@ -81,7 +81,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from . import formats as F
-from .layout import GROUP, HEAD_DIM, Q_BLOCK, V_KEY_PAD
+from .layout import GROUP, HEAD_DIM, Q_BLOCK, V_KEY_PAD, window_key_at
 from .plan import HostPlan, build_host_plan
 
 LOG2E = math.log2(math.e)
@@ -364,8 +364,7 @@ def window_order(columns: int, device: torch.device | None = None) -> torch.Tens
     if columns % V_KEY_PAD:
         raise ValueError(f"columns must be a multiple of {V_KEY_PAD}, got {columns}")
     p = torch.arange(columns, device=device)
-    w = p % V_KEY_PAD
-    return p - w + 16 * ((w >> 1) & 3) + 2 * (w >> 3) + (w & 1)
+    return p - p % V_KEY_PAD + window_key_at(p)
 
 
 def nvfp4_fp16_operands(stages: dict[str, torch.Tensor], cu_seqlens: CuSeqlens, *,

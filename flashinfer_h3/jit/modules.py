@@ -38,6 +38,10 @@ class ModuleDef:
     # (benchmarks/RESULTS.md, fourteenth session). A KernelConfig flag of the same name overrides
     # it (benchmark builds).
     register_usage_level: int | None = None
+    # What the module's pre-pass (quantize.cu.jinja) writes: "codes" (codes and scales, the layouts
+    # the mma.sync kernels and the FP8 wgmma kernel read) or "fp16" (op nvfp4 only: the values
+    # s * code as FP16, the operands of the Hopper NVFP4 kernel, prepass.cuh's Fp16Outputs).
+    prepass_output: str = "codes"
 
 
 MODULES: dict[str, ModuleDef] = {}
@@ -60,6 +64,10 @@ def register_module(module: ModuleDef) -> ModuleDef:
                          f"{module.archs}")
     if not module.templates:
         raise ValueError(f"module {module.name!r} has no templates")
+    if module.prepass_output not in ("codes", "fp16") or (
+            module.prepass_output == "fp16" and module.op != "nvfp4"):
+        raise ValueError(f"module {module.name!r}: prepass_output must be 'codes', or 'fp16' for "
+                         f"op 'nvfp4', got {module.prepass_output!r} (op {module.op!r})")
     check_register_usage_level(module.register_usage_level,
                                f"module {module.name!r}: register_usage_level")
     MODULES[module.name] = module
@@ -99,6 +107,7 @@ register_module(ModuleDef(
     about="NVFP4 pre-pass writing FP16 operands + the Hopper NVFP4 kernel: warp-specialised, TMA "
           "+ mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
     register_usage_level=8,
+    prepass_output="fp16",
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

@@ -149,6 +149,7 @@ class KernelConfig:
             "head_dim": self.head_dim,
             "arch": self.arch,
             "arch_num": major * 10 + minor,  # 90, 120, 121 (the __CUDA_ARCH__ value / 10)
+            "prepass_output": self.definition.prepass_output,  # jit/modules.py ModuleDef
             "flags": dict(self.flags),
             "version": __version__,
         }

@@ -73,11 +73,13 @@ def test_context_is_the_same_for_every_template_and_holds_the_flags() -> None:
         "head_dim": 128,
         "arch": "sm_120a",
         "arch_num": 120,
+        "prepass_output": "codes",
         "flags": {"fast": True, "tag": "x", "tile_k": 64},
         "version": __version__,
     }
     assert KernelConfig("utils").template_context()["scale_mode"] is None
     assert KernelConfig("fp8", arch="9.0").template_context()["arch_num"] == 90
+    assert KernelConfig("nvfp4_wgmma", arch="sm_90a").template_context()["prepass_output"] == "fp16"
 
 
 def test_flags_reach_the_rendered_source(tmp_path: Path) -> None:

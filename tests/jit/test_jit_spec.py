@@ -161,3 +161,16 @@ def test_register_usage_level_of_a_module_is_checked() -> None:
     with pytest.raises(ValueError, match="register_usage_level"):
         register_module(ModuleDef("bad_level_for_test", ("utils.cu.jinja",), None,
                                   register_usage_level=12))
+
+
+@pytest.mark.parametrize("op,output", [("nvfp4", "bytes"), ("fp8", "fp16"), (None, "fp16")])
+def test_prepass_output_of_a_module_is_checked(op: str | None, output: str) -> None:
+    # jit/modules.py: a pre-pass writes codes, or (NVFP4 only) the FP16 operands of the Hopper
+    # kernel; quantize.cu.jinja renders the export that goes with it.
+    from flashinfer_h3.jit.modules import MODULES, ModuleDef, register_module
+
+    with pytest.raises(ValueError, match="prepass_output"):
+        register_module(ModuleDef("bad_prepass_for_test", ("quantize.cu.jinja",), op,
+                                  prepass_output=output))
+    assert "bad_prepass_for_test" not in MODULES
+    assert {m.name for m in MODULES.values() if m.prepass_output == "fp16"} == {"nvfp4_wgmma"}

@@ -157,7 +157,8 @@ def test_fp16_module_renders_only_the_fp16_prepass() -> None:
 def test_unknown_op_is_a_compile_error() -> None:
     from flashinfer_h3.jit import render_template
 
-    text = render_template(QUANTIZE_TEMPLATE, {"op": "int8", "head_dim": 128, "arch": "sm_90a"})
+    text = render_template(QUANTIZE_TEMPLATE, {"op": "int8", "head_dim": 128, "arch": "sm_90a",
+                                                "prepass_output": "codes"})
     assert "#error" in text
 
 
