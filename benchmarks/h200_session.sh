@@ -3,10 +3,13 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|mix|breakdown|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
-# Hopper attention kernels; mix: where h3-mix loses against h3-10s; breakdown: a whole call's
-# pre-pass and kernel; see below; none is part of all)
+# Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
+# against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
+# SMs and beside the attention kernel; see below; none is part of all)
+# A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
+# `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -22,6 +25,7 @@ cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.
 [[ -n $cudnn_lib ]] && export LD_LIBRARY_PATH=$cudnn_lib:${LD_LIBRARY_PATH:-}
 # One JIT cache for every step, so each module is built once per session.
 export FLASHINFER_H3_CACHE_DIR=${FLASHINFER_H3_CACHE_DIR:-/tmp/h3cache}
+if [[ -d .h3carry ]]; then mkdir -p "$FLASHINFER_H3_CACHE_DIR" && cp -r .h3carry/. "$FLASHINFER_H3_CACHE_DIR"/; fi
 export PYTHONUNBUFFERED=1
 {
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
@@ -123,7 +127,15 @@ if [[ $what == breakdown ]]; then
         --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 2>&1 | tee "$OUT/breakdown.log"
 fi
 
-if [[ $what == diagnose ]]; then
+if [[ $what == prepass_sms ]]; then
+    # The pre-pass on a few SMs (benchmark builds prepass_ctas=N) and beside the attention kernel
+    # on a side stream: what overlapping it with the kernel could save (issues 11 and 12, h3-mix).
+    timeout 400 python3 benchmarks/bench_prepass_sms.py --op nvfp4,fp8 --preset h3-mix,h3-10s \
+        --ctas ${PREPASS_CTAS:-16,32,66} --iters 5 --rounds 3 2>&1 | tee "$OUT/prepass_sms.log"
+fi
+
+if [[ $what == diagnose || $what == ncu ]]; then
+  if [[ $what == diagnose ]]; then
     # What bounds the Hopper attention kernels (issues 11 and 12), in one call of about two
     # minutes when the JIT cache comes along: build it on the CPU first and carry it (the
     # modules' .o files stay behind: the carry is limited to 64 MiB), e.g.
@@ -149,18 +161,24 @@ if [[ $what == diagnose ]]; then
         timeout 240 python3 benchmarks/bench_wgmma_variants.py --op fp8,nvfp4 --preset h3-10s \
             --only "no softmax,no O,polling" --iters 5 --rounds 3
     } 2>&1 | tee "$OUT/variants.log"
+  fi
     for op in fp8 nvfp4; do
         timeout 200 ncu --kernel-name-base demangled -k "regex:attention_${op}_wgmma_kernel" \
             --launch-count 1 --set full --import-source no -f -o "/tmp/$op" \
             python3 benchmarks/bench_wgmma_variants.py --op "$op" --preset "" --shape 16384:16 \
             --only none --iters 1 --rounds 1 > "/tmp/ncu_$op.log" 2>&1
         ncu --import "/tmp/$op.ncu-rep" --page source --csv --print-source sass > "/tmp/${op}_src.csv" 2>&1
-        gzip -c "/tmp/${op}_src.csv" > "$OUT/${op}_src.csv.gz"
+        mkdir -p /tmp/ncu_pages
+        cp "/tmp/${op}_src.csv" /tmp/ncu_pages/
+        ncu --import "/tmp/$op.ncu-rep" --page details > "/tmp/ncu_pages/${op}_details.txt" 2>&1
+        ncu --import "/tmp/$op.ncu-rep" --page raw --csv > "/tmp/ncu_pages/${op}_raw.csv" 2>&1
         {
             tail -n 5 "/tmp/ncu_$op.log"
             ncu --import "/tmp/$op.ncu-rep" --page details 2>&1 | grep -E "Duration|SM Frequency|Issue Slots Busy|Tensor|Pipe|Warp Cycles|Eligible|Registers|Throughput" | head -40
             python3 benchmarks/ncu_stalls.py "/tmp/${op}_src.csv" --top 40
         } > "$OUT/${op}_stalls.txt" 2>&1
     done
+    # One archive of the pages (source CSVs, details, raw metrics): a device run returns 8 files.
+    tar -czf "$OUT/ncu_pages.tgz" -C /tmp ncu_pages
     ls -la "$OUT"
 fi

@@ -51,10 +51,13 @@ cudaError_t quantize_kernel_ctas(int* ctas) {
   return cudaSuccess;
 }
 
-template <class Out, Pass pass, int kStages>
+// kMaxCtas > 0 (benchmark builds, KernelConfig flag prepass_ctas): at most that many CTAs, to
+// measure what the pre-pass costs on a few SMs (benchmarks/bench_prepass_sms.py).
+template <class Out, Pass pass, int kStages, int kMaxCtas = 0>
 cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Out& out, cudaStream_t stream) {
   int ctas = 0;
   if (const cudaError_t e = quantize_kernel_ctas<Out, pass, kStages>(&ctas); e != cudaSuccess) return e;
+  if (kMaxCtas > 0 && ctas > kMaxCtas) ctas = kMaxCtas;
   const ItemMap map = make_item_map<Out::kOp, pass>(tb, in.heads);
   const unsigned grid = static_cast<unsigned>(map.items < ctas ? map.items : ctas);
   constexpr auto kernel = tile_kernel<Out, pass, kStages>();
@@ -67,12 +70,13 @@ cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Out& out, cud
 // kStages: the ring depth of the tile launches (the binding picks it per architecture: its
 // shared memory, pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
 // The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
-// FastDiv) stays below 2^31.
-template <int kStages, class Out>
+// FastDiv) stays below 2^31. kMaxCtas: see launch_tiles (0 in production: every CTA that fits).
+template <int kStages, int kMaxCtas = 0, class Out>
 cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Out& out, cudaStream_t stream) {
   const bool tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads > 0;
   if (tiles) {
-    if (const cudaError_t e = launch_tiles<Out, Pass::kQAndStats, kStages>(in, tb, out, stream); e != cudaSuccess)
+    if (const cudaError_t e = launch_tiles<Out, Pass::kQAndStats, kStages, kMaxCtas>(in, tb, out, stream);
+        e != cudaSuccess)
       return e;
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;
@@ -83,7 +87,7 @@ cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Out& out, 
         in, tb, out, shape.split);
     if (const cudaError_t e = last_launch_status(); e != cudaSuccess) return e;
   }
-  if (tiles) return launch_tiles<Out, Pass::kKAndV, kStages>(in, tb, out, stream);
+  if (tiles) return launch_tiles<Out, Pass::kKAndV, kStages, kMaxCtas>(in, tb, out, stream);
   return cudaSuccess;
 }
 #endif  // __CUDACC__
