@@ -3,11 +3,12 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
-# SMs and beside the attention kernel; see below; none is part of all)
+# SMs and beside the attention kernel; variants: benchmark builds against production; see below;
+# none is part of all)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
 # `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
@@ -125,6 +126,20 @@ if [[ $what == breakdown ]]; then
     # sequence) beside cuDNN BF16, both operators, the three presets.
     timeout 300 python3 benchmarks/bench_call_breakdown.py --op fp8,nvfp4 \
         --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 2>&1 | tee "$OUT/breakdown.log"
+fi
+
+if [[ $what == variants ]]; then
+    # Benchmark-only builds against production, kernel only, the three presets, one process
+    # (VARIANT_OP: fp8 or nvfp4; VARIANT_ONLY: bench_wgmma_variants.py --only), after the GPU
+    # tests that VARIANT_TESTS selects (pytest -k) in the kernels' files.
+    {
+        if [[ -n ${VARIANT_TESTS:-} ]]; then
+            timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x -k "$VARIANT_TESTS" \
+                tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 15
+        fi
+        timeout 400 python3 benchmarks/bench_wgmma_variants.py --op "${VARIANT_OP:-fp8}" \
+            --preset h3-10s,h3-mix,h3-15s-sp4 --only "${VARIANT_ONLY:-none}" --iters 5 --rounds 3 --oracle
+    } 2>&1 | tee "$OUT/variants.log"
 fi
 
 if [[ $what == prepass_sms ]]; then
