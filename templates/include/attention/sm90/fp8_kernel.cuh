@@ -311,7 +311,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, bool IntMaxOn = false>
+          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -334,9 +334,6 @@ struct Fp8Options {
   // bytes from L2 and a 2.5 % higher clock, lost again to the two CTAs' lockstep on the ring
   // (within 1 % of production; benchmarks/RESULTS.md, twelfth session).
   static constexpr int kClusterCtas = ClusterCtas;
-  // 256-key tiles: the row maxima from the dot products' bit patterns as integers, three at a
-  // time (fp8_softmax.cuh fp8_row_maxima_256_int; the float maxima where a row needs them).
-  static constexpr bool kIntMax = IntMaxOn;
   static_assert(ClusterCtas == 1 || (ClusterCtas == 2 && TileKeys == 2 * sm90::kTileKeys && !DynamicOrder && CopyKvOn),
                 "clusters of two CTAs: 256-key tiles (one half a CTA), the static item order and every copy");
   static_assert(TileKeys == sm90::kTileKeys || TileKeys == 2 * sm90::kTileKeys, "KV tiles of 128 or 256 keys");
@@ -489,7 +486,7 @@ __device__ __forceinline__ void release_pv_256(float (&otmp)[64], uint32_t (&pa_
 
 // After QK^T of 256-key tile t completed: release its K tile (and the Q block after the last
 // tile), then the softmax that makes P of tile t, both halves.
-template <int kPolyExp2Every, int kCtas, bool kIntMax, class Smem>
+template <int kPolyExp2Every, int kCtas, class Smem>
 __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
                                               uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm, RingSlot& slot,
                                               const WorkItem& it, int t, int tiles, float sk0, float sk1, float c,
@@ -502,9 +499,9 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   }
   const int valid = it.seg_len - t * 2 * kTileKeys;
   if (valid < 2 * kTileKeys) {
-    fp8_softmax_exp_256<true, kPolyExp2Every, kIntMax>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+    fp8_softmax_exp_256<true, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
   } else {
-    fp8_softmax_exp_256<false, kPolyExp2Every, kIntMax>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+    fp8_softmax_exp_256<false, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
   }
   pack_p(s_lo, pa_lo);
   pack_p(s_hi, pa_hi);
@@ -567,7 +564,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas, Opt::kIntMax>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -585,7 +582,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas, Opt::kIntMax>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();

@@ -179,7 +179,11 @@ constexpr int kFp8HalfKeys = 128;  // keys of a half (= kTileKeys, shared_storag
 // raw dot maxima (two chains), scaled by the half's fp32(sq sk) (max S = fp32(sq sk) * max(dot):
 // sq sk >= 0), the larger of the two, then the quad. Masked keys (columns >= valid) are set to
 // -inf first; a half whose keys are all masked gives -inf (or NaN for a zero scale, which fmaxf
-// drops: the tile's key 0 is in the segment, so the quad's maximum is finite).
+// drops: the tile's key 0 is in the segment, so the quad's maximum is finite). (Measured and
+// removed: the maxima on the dot products' bit patterns as signed integers, three at a time
+// (VIMNMX3; exact wherever m_t >= 0, the float maxima otherwise), 16 instructions a row and
+// half instead of 31, bit-identical output, 0.9-2.6 % slower; benchmarks/RESULTS.md, nineteenth
+// session.)
 template <bool kMasked>
 __device__ __forceinline__ void fp8_row_maxima_256(float (&lo)[64], float (&hi)[64], const float (&qk)[2][2],
                                                    float (&row_max)[2], int valid, int quad_col) {
@@ -208,57 +212,8 @@ __device__ __forceinline__ void fp8_row_maxima_256(float (&lo)[64], float (&hi)[
   }
 }
 
-// The same maxima from the dot products' bit patterns as signed integers, three at a time
-// (VIMNMX3: max(max(a, b), c) on int32, which ptxas fuses): 16 instructions a row and half where
-// FMNMX takes 31, on the max phase that every exponential of the tile waits for.
-//
-// Why it is exact where it is used: a float >= +0 compares as its bit pattern does as a signed
-// integer, and every negative float's pattern is a negative integer. So a half's integer
-// maximum is its float maximum whenever that is >= +0, and otherwise some negative value (the
-// most negative key, or -inf's pattern) no larger than it. Scaled by qk >= 0 and reduced over
-// the quad, the row maximum is then exact whenever the true one is >= 0 (the thread that holds
-// it contributes it exactly, every other thread at most its own true maximum), and otherwise
-// no larger than the true one. The softmax needs only m_t = max(m_{t-1}, row maximum), which is
-// therefore exact whenever the computed m_t is >= 0. The caller checks that for the warp's rows
-// and recomputes the maxima with fp8_row_maxima_256 otherwise: only while every key a row has
-// met so far scores below zero. The scores of a row sum to about zero over its segment (K is
-// smoothed, SPEC 4.1), so a row meets positive ones within its first tiles.
-template <bool kMasked>
-__device__ __forceinline__ void fp8_row_maxima_256_int(float (&lo)[64], float (&hi)[64], const float (&qk)[2][2],
-                                                       float (&row_max)[2], int valid, int quad_col) {
-  if constexpr (kMasked) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (8 * i + quad_col + e >= valid) lo[4 * i + e] = lo[4 * i + 2 + e] = -INFINITY;
-        if (kFp8HalfKeys + 8 * i + quad_col + e >= valid) hi[4 * i + e] = hi[4 * i + 2 + e] = -INFINITY;
-      }
-    }
-  }
-  auto key = [](const float (&s)[64], int r, int k) { return __float_as_int(s[4 * (k >> 1) + 2 * r + (k & 1)]); };
-  auto max3 = [](int a, int b, int x) { return max(max(a, b), x); };
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    // Two chains a half (keys 0, 2, .. and 1, 3, ..): 16 keys each, one max3 per two keys.
-    int m0 = max3(key(lo, r, 0), key(lo, r, 2), key(lo, r, 4)), m1 = max3(key(lo, r, 1), key(lo, r, 3), key(lo, r, 5));
-    int m2 = max3(key(hi, r, 0), key(hi, r, 2), key(hi, r, 4)), m3 = max3(key(hi, r, 1), key(hi, r, 3), key(hi, r, 5));
-#pragma unroll
-    for (int k = 6; k < 32; k += 4) {
-      m0 = max3(m0, key(lo, r, k), key(lo, r, k + 2));
-      m1 = max3(m1, key(lo, r, k + 1), key(lo, r, k + 3));
-      m2 = max3(m2, key(hi, r, k), key(hi, r, k + 2));
-      m3 = max3(m3, key(hi, r, k + 1), key(hi, r, k + 3));
-    }
-    const float lo_max = __int_as_float(max(m0, m1)), hi_max = __int_as_float(max(m2, m3));
-    row_max[r] = quad_max(fmaxf(qk[r][0] * lo_max, qk[r][1] * hi_max));
-  }
-}
-
 // One 256-key tile: lo, hi = raw dot products in, Ptil out; sk0, sk1 = the halves' K scales.
-// kIntMax: the row maxima from fp8_row_maxima_256_int, with fp8_row_maxima_256 where a row of
-// the warp needs it (same maxima, bit for bit).
-template <bool kMasked, int kPolyExp2Every, bool kIntMax = false>
+template <bool kMasked, int kPolyExp2Every>
 __device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)[64], Fp8RowState& st, int valid,
                                                     float sk0, float sk1, float c, int quad_col) {
   float qk[2][2];
@@ -268,15 +223,7 @@ __device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)
     qk[r][1] = st.sq[r] * sk1;
   }
   float row_max[2];
-  if constexpr (kIntMax) {
-    fp8_row_maxima_256_int<kMasked>(lo, hi, qk, row_max, valid, quad_col);
-    // !(x >= 0) is also true for NaN, which the float path then gives as before.
-    if (__any_sync(0xffffffffu, !(fmaxf(st.m[0], row_max[0]) >= 0.0f) || !(fmaxf(st.m[1], row_max[1]) >= 0.0f))) {
-      fp8_row_maxima_256<false>(lo, hi, qk, row_max, valid, quad_col);  // masked keys are -inf already
-    }
-  } else {
-    fp8_row_maxima_256<kMasked>(lo, hi, qk, row_max, valid, quad_col);
-  }
+  fp8_row_maxima_256<kMasked>(lo, hi, qk, row_max, valid, quad_col);
   float scale_lo[2], scale_hi[2], bias[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
