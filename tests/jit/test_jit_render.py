@@ -253,3 +253,14 @@ def test_benchmark_flags_reach_the_hopper_bindings(
     text = "\n".join(source for _, source in spec.sources)
     for line in expected:
         assert line in text, f"{module} {flags}: {line!r} not in the rendered binding"
+
+
+@pytest.mark.parametrize("module", ["fp8_wgmma", "nvfp4_wgmma", "fp8", "nvfp4"])
+@pytest.mark.parametrize(("flags", "cap"), [({}, 0), ({"prepass_ctas": 16}, 16)])
+def test_prepass_cta_cap_reaches_the_quantize_binding(module: str, flags: dict, cap: int) -> None:
+    # benchmarks/bench_prepass_sms.py: the pre-pass's tile launches on at most `cap` CTAs; the
+    # production build (no flag) keeps every CTA that fits (0) and so its launcher's code.
+    spec = make_spec(KernelConfig(module, arch="sm_90a", flags=flags))
+    text = "\n".join(source for _, source in spec.sources)
+    assert f"constexpr int kPrepassMaxCtas = {cap};" in text
+    assert "qz::launch_quantize<kQuantizeStages, kPrepassMaxCtas>(" in text
