@@ -1,10 +1,11 @@
 """What the quantisation pre-pass costs on a few SMs, and beside the attention kernel.
 
-Issues 11 and 12 fall short on h3-mix because of the pre-pass: it is DRAM-bound over the whole GPU
-(~1.5 ms FP8, ~2.3 ms NVFP4 at 61k tokens x 56 heads on an H200) and adds 3-4 % to a call whose
-attention is only a third of h3-10s's. The attention kernel leaves DRAM nearly idle, so the
-pre-pass could run beside it, on a few SMs, if a few SMs do it at a much higher rate per SM than
-all of them do. This benchmark measures that rate before anything is built around it.
+Issues 11 and 12 fall short on h3-mix, where the pre-pass weighs most: it is DRAM-bound over the
+whole GPU (~1.5 ms FP8, ~1.8 ms NVFP4 at 61k tokens x 56 heads on an H200, 2.0-2.3 ms on an
+H100) and adds 2-3.5 % to a call whose attention is only a third of h3-10s's. The attention
+kernel leaves DRAM nearly idle, so the pre-pass could run beside it, on a few SMs, if a few SMs
+do it at a much higher rate per SM than all of them do. This benchmark measures that rate
+before anything is built around it (benchmarks/RESULTS.md, nineteenth session: they do not).
 
 Rows, per op and shape (median of CUDA-event timings over ``--rounds`` rounds of ``--iters``
 calls, every row timed in turn in each round):
@@ -86,7 +87,7 @@ def run(op: str, preset: str, caps: list[int], iters: int, rounds: int) -> None:
                for _ in range(3))
     out = torch.empty_like(q)
     side = torch.cuda.Stream()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     production = _kernel_only(op, {}, q, k, v, out, bounds)
     rows: list[tuple[str, Callable[[], None], int]] = [
         ("pre-pass, every CTA", _prepass(production), sms),
@@ -140,15 +141,19 @@ def main() -> None:
         ap.error(f"--ctas: expected comma-separated integers, got {args.ctas!r}")
     if any(n < 1 for n in caps):
         ap.error(f"--ctas: each cap must be >= 1, got {args.ctas!r}")
+    if args.iters < 1 or args.rounds < 1:
+        ap.error(f"--iters and --rounds must be >= 1, got {args.iters} and {args.rounds}")
+    presets = args.preset.split(",")
+    for preset in presets:
+        if preset not in PRESETS:
+            ap.error(f"--preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     if args.build_only:
         for op in ops:
             for flags in [{}] + [{"prepass_ctas": n} for n in caps]:
                 config = KernelConfig(MODULES[op][0], arch="sm_90a", flags=flags)
                 print(op, flags, build_module(config))
         return
-    for preset in args.preset.split(","):
-        if preset not in PRESETS:
-            ap.error(f"--preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    for preset in presets:
         for op in ops:
             run(op, preset, caps, args.iters, args.rounds)
 

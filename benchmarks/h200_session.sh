@@ -146,7 +146,7 @@ if [[ $what == prepass_sms ]]; then
     # The pre-pass on a few SMs (benchmark builds prepass_ctas=N) and beside the attention kernel
     # on a side stream: what overlapping it with the kernel could save (issues 11 and 12, h3-mix).
     timeout 400 python3 benchmarks/bench_prepass_sms.py --op nvfp4,fp8 --preset h3-mix,h3-10s \
-        --ctas ${PREPASS_CTAS:-16,32,66} --iters 5 --rounds 3 2>&1 | tee "$OUT/prepass_sms.log"
+        --ctas "${PREPASS_CTAS:-16,32,66}" --iters 5 --rounds 3 2>&1 | tee "$OUT/prepass_sms.log"
 fi
 
 if [[ $what == diagnose || $what == ncu ]]; then

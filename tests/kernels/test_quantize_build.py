@@ -158,7 +158,7 @@ def test_unknown_op_is_a_compile_error() -> None:
     from flashinfer_h3.jit import render_template
 
     text = render_template(QUANTIZE_TEMPLATE, {"op": "int8", "head_dim": 128, "arch": "sm_90a",
-                                                "prepass_output": "codes"})
+                                                "prepass_output": "codes", "flags": {}})
     assert "#error" in text
 
 
