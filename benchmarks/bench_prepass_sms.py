@@ -35,14 +35,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from bench_wgmma_variants import MODULES  # (module, backend) of each op: this directory's script
 
 from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import PRESETS, _time_cuda
 from flashinfer_h3.benchtools import KernelOnly
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
-
-MODULES = {"nvfp4": ("nvfp4_wgmma", "wgmma_fp16_nvfp4"), "fp8": ("fp8_wgmma", "wgmma_fp8")}
 
 
 def _kernel_only(op: str, flags: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
