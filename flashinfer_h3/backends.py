@@ -461,22 +461,30 @@ Derive = Callable[..., tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]
 
 
 def prepass_attention_launcher(quantize: Callable[..., None], attention: Callable[..., None],
-                               derive: Derive) -> Launch:
+                               derive: Derive, attention_takes_q: bool = False) -> Launch:
     """The launch of a kernel backend: ``quantize(q, k, v, *quantize_args)`` (the pre-pass), then
     ``attention(out, *attention_args, softmax_scale, *attention_tail)``, the arguments derived
-    once per (plan, views) pair (:class:`PlanArgs`)."""
+    once per (plan, views) pair (:class:`PlanArgs`); ``attention_takes_q``: ``attention(out, q,
+    *attention_args, ...)`` (the Hopper FP8 kernel, which may quantise Q itself)."""
     bound = PlanArgs(derive)
+
+    def run_attention(q: Tensor, out: Tensor, scale: float, attention_args: tuple[Any, ...],
+                      tail: tuple[Any, ...]) -> None:
+        if attention_takes_q:
+            attention(out, q, *attention_args, scale, *tail)
+        else:
+            attention(out, *attention_args, scale, *tail)
 
     def launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
                bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
         quantize_args, attention_args, tail = bound.get(plan, views)
         quantize(q, k, v, *quantize_args)
-        attention(out, *attention_args, scale, *tail)
+        run_attention(q, out, scale, attention_args, tail)
 
     def attention_only(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
                        bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
         _, attention_args, tail = bound.get(plan, views)
-        attention(out, *attention_args, scale, *tail)
+        run_attention(q, out, scale, attention_args, tail)
 
     def prepass_only(q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float,
                      bounds: tuple[int, ...], plan: Plan, views: tuple[Tensor, ...]) -> None:
@@ -528,7 +536,8 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
         return ((*tables, *operands), (*operands[1:], *tables, counter, *schedule),
                 (plan.host.vkey_start[-1],))
 
-    return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive)
+    return prepass_attention_launcher(module.quantize_fp8, module.attention_fp8_wgmma, derive,
+                                      attention_takes_q=True)
 
 
 def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:

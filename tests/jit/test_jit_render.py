@@ -214,17 +214,18 @@ def test_flags_order_does_not_matter() -> None:
             ["/*poly_exp2_every=*/64,", "/*ping_pong=*/true,", "/*stages=*/fh3::sm90::kFp8Stages,",
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
-             "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1>"],
+             "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1,",
+             "/*q_in_kernel=*/false>"],
         ),
         (
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
              "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True, "tile_keys": 128,
-             "kv_copies": False, "cluster_ctas": 2},
+             "kv_copies": False, "cluster_ctas": 2, "q_in_kernel": True},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
-             "/*cluster_ctas=*/2>"],
+             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/true>"],
         ),
         (
             "nvfp4_wgmma",
@@ -263,4 +264,15 @@ def test_prepass_cta_cap_reaches_the_quantize_binding(module: str, flags: dict, 
     spec = make_spec(KernelConfig(module, arch="sm_90a", flags=flags))
     text = "\n".join(source for _, source in spec.sources)
     assert f"constexpr int kPrepassMaxCtas = {cap};" in text
-    assert "qz::launch_quantize<kQuantizeStages, kPrepassMaxCtas>(" in text
+    assert "qz::launch_quantize<kQuantizeStages, kPrepassMaxCtas, kPrepassWithQ>(" in text
+
+
+@pytest.mark.parametrize(("flags", "with_q"), [({}, "true"), ({"q_in_kernel": True}, "false")])
+def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str) -> None:
+    # The q_in_kernel build: the kernel quantises Q (Fp8Options' last argument) and the module's
+    # pre-pass, rendered with the same flags, skips its Q items (launch_quantize's kWithQ).
+    spec = make_spec(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags))
+    text = "\n".join(source for _, source in spec.sources)
+    assert f"constexpr bool kPrepassWithQ = {with_q};" in text
+    kernel_flag = "false" if with_q == "true" else "true"
+    assert f"/*q_in_kernel=*/{kernel_flag}>;" in text

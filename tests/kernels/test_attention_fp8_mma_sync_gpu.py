@@ -88,6 +88,8 @@ class Call:
     # cannot upload it.
     schedule: tuple[torch.Tensor, torch.Tensor] | None = None
     schedule_cluster_ctas: int = 1  # the build's CTAs a cluster it was made for
+    # The call's BF16 q: the Hopper kernel takes it (q_in_kernel builds quantise it themselves).
+    q: torch.Tensor | None = None
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
         v = self.views
@@ -116,6 +118,7 @@ def prepare(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boun
     call = Call(T, H, bounds, host, device_tables(host), views)
     call.schedule_cluster_ctas = cluster_ctas_of(module)
     call.schedule = schedule_of(call, cluster_ctas=call.schedule_cluster_ctas)
+    call.q = q
     if source == "prepass":
         if T:
             module.quantize_fp8(q, k, v, *call.tables, *(views[n] for n in REGIONS))
@@ -163,7 +166,7 @@ def run_kernel(module: Any, call: Call, scale: float = DEFAULT_SCALE,
             schedule = (call.schedule
                         if call.schedule is not None and call.schedule_cluster_ctas == clusters
                         else schedule_of(call, cluster_ctas=clusters))
-        module.attention_fp8_wgmma(out, *call.kernel_args(), counter, *schedule, scale,
+        module.attention_fp8_wgmma(out, call.q, *call.kernel_args(), counter, *schedule, scale,
                                    call.host.vkey_start[-1])
     else:
         module.attention_fp8_mma_sync(out, *call.kernel_args(), scale)

@@ -16,6 +16,7 @@ builds of both Hopper kernels that change the schedule, not the arithmetic, agai
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -68,8 +69,8 @@ def test_item_counter_checks(module: Any) -> None:
     for bad in (torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32),
                 torch.zeros(0, dtype=torch.int32, device="cuda")):
         with pytest.raises(ValueError, match="item_counter"):
-            module.attention_fp8_wgmma(out, *call.kernel_args(), bad, *schedule, DEFAULT_SCALE,
-                                       used)
+            module.attention_fp8_wgmma(out, call.q, *call.kernel_args(), bad, *schedule,
+                                       DEFAULT_SCALE, used)
     assert torch.isfinite(run_kernel(module, call)).all()
 
 
@@ -91,7 +92,8 @@ def test_item_schedule_checks(module: Any) -> None:
         cases.append((begin[:-1], items, "cta_begin"))  # an odd number of CTAs
     for b, i, name in cases:
         with pytest.raises(ValueError, match=name):
-            module.attention_fp8_wgmma(out, *call.kernel_args(), counter, b, i, DEFAULT_SCALE, used)
+            module.attention_fp8_wgmma(out, call.q, *call.kernel_args(), counter, b, i,
+                                       DEFAULT_SCALE, used)
 
 
 @pytest.mark.parametrize("build", ["production", "clusters"])
@@ -182,7 +184,7 @@ def kernel_only_outputs(
     op: str, backend_name: str, modules: list[Any], bounds: tuple[int, ...]
 ) -> list[torch.Tensor]:
     """The attention kernel's output of each module (production first) on one 3-head Gaussian
-    input, each after the production pre-pass (benchtools.KernelOnly, as the variant bench)."""
+    input, each after its own module's pre-pass (benchtools.KernelOnly, as the variant bench)."""
     from flashinfer_h3 import backends
     from flashinfer_h3.benchtools import KernelOnly
 
@@ -222,8 +224,9 @@ T128 = {"tile_keys": 128, "poly_exp2_every": 32}
 @pytest.mark.parametrize(
     ("flags", "base_flags"),
     [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
-     ({"cluster_ctas": 2}, None), ({**T128, "dynamic_schedule": True}, T128)],
-    ids=["ring-3", "no-ping-pong", "polling-waits", "clusters", "dynamic-order-128"],
+     ({"cluster_ctas": 2}, None), ({**T128, "dynamic_schedule": True}, T128),
+     ({"q_in_kernel": True}, None)],
+    ids=["ring-3", "no-ping-pong", "polling-waits", "clusters", "dynamic-order-128", "q-in-kernel"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
@@ -232,7 +235,8 @@ def test_benchmark_builds_match_production(
     """The benchmark-only builds that change the schedule but not the arithmetic
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
     polling, clusters of two CTAs sharing each K/V tile copy, on a schedule of block pairs;
-    with 128-key tiles the dynamic item order) give their reference build's output
+    with 128-key tiles the dynamic item order; Q quantised in the kernel after a pre-pass
+    without Q) give their reference build's output
     (production, or the 128-key build) bit for bit. On segments of 1, 17, 162, ... tokens (single
     and partial tiles), on one of 4,097 (17 tiles of 256 keys: both ring parities, a masked last
     tile with one K-scale block), and on four of 300 to 9,000 tokens (393 items: several drawn
@@ -243,6 +247,64 @@ def test_benchmark_builds_match_production(
     )
     assert torch.isfinite(base).all() and torch.isfinite(variant).all()
     assert torch.equal(base, variant)
+
+
+@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2}],
+                         ids=["q-in-kernel", "q-in-kernel-clusters"])
+@pytest.mark.parametrize(("lengths", "kind"),
+                         [([1, 16, 0, 145, 138, 400, 800], "heavy"), ([4097], "biased"),
+                          ([9000, 300, 5000, 2084], "gauss")],
+                         ids=["packed-heavy", "4097-biased", "mixed-16384"])
+def test_q_quantised_in_the_kernel_matches_production(
+    module: Any, flags: dict[str, Any], lengths: list[int], kind: str
+) -> None:
+    """The ``q_in_kernel`` build quantises Q from the BF16 q itself (sm90/fp8_q_quantizer.cuh)
+    with the pre-pass's arithmetic: with the workspace's Q codes poisoned (E4M3 NaN) and its Q
+    scales NaN, its output equals production's bit for bit and it rewrites every scale as the
+    pre-pass wrote it. Zero rows (s = 0) and rows of magnitudes over decades included; with
+    clusters of two CTAs too (a pair's kNoRows entry writes no scale)."""
+    from test_attention_fp8_mma_sync_gpu import prepare, run_kernel
+    from test_attention_nvfp4_gpu import bounds_of
+
+    q, k, v = make_qkv(sum(lengths), 3, kind, seed=5)
+    q[::7, 1] = 0.0  # zero rows: scale 0, codes 0
+    call = prepare(module, q, k, v, bounds_of(lengths))
+    base = run_kernel(module, call)
+    scales = call.views["q_scales"].clone()
+    call.views["q_scales"].fill_(math.nan)
+    call.views["q_codes"].fill_(0x7F)
+    variant = run_kernel(benchmark_build("fp8_wgmma", flags), call)
+    assert torch.isfinite(base).all()
+    assert torch.equal(base, variant)
+    assert torch.equal(call.views["q_scales"], scales)
+
+
+def test_q_in_kernel_scales_on_every_bf16_magnitude(module: Any) -> None:
+    """The kernel's row scales come from FP64 arithmetic (fp8_q_scale), not the pre-pass's
+    __fdiv_rn / __frcp_rn: on 32,768 rows whose amax runs over every non-negative BF16 value
+    (zero, subnormals, normals, the largest finite value, inf; the NaN patterns replaced by 0),
+    the other channels random multiples of it, the scales are the pre-pass's bit for bit and so
+    is the output (compared as bits: rows near the BF16 range end overflow to inf / NaN in both)."""
+    from test_attention_fp8_mma_sync_gpu import prepare, run_kernel
+    from test_attention_nvfp4_gpu import bounds_of
+
+    tokens = 1 << 15
+    bits = torch.arange(tokens, dtype=torch.int32, device="cuda")
+    bits = torch.where(bits <= 0x7F80, bits, torch.zeros_like(bits))  # +0 .. +inf, no NaN
+    amax = bits.to(torch.int16).view(torch.bfloat16).float()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    u = torch.rand(tokens, 1, 128, generator=g, device="cuda") * 2 - 1
+    q = (u * torch.where(torch.isinf(amax), 1.0, amax)[:, None, None]).to(torch.bfloat16)
+    q[:, 0, 0] = amax.to(torch.bfloat16)
+    k, v = make_qkv(tokens, 1, "gauss", seed=4)[1:]
+    call = prepare(module, q.contiguous(), k, v, bounds_of([tokens]))
+    base = run_kernel(module, call)
+    scales = call.views["q_scales"].clone()
+    call.views["q_scales"].fill_(math.nan)
+    call.views["q_codes"].fill_(0x7F)
+    variant = run_kernel(benchmark_build("fp8_wgmma", {"q_in_kernel": True}), call)
+    assert torch.equal(call.views["q_scales"].view(torch.int32), scales.view(torch.int32))
+    assert torch.equal(variant.view(torch.int16), base.view(torch.int16))
 
 
 @pytest.mark.parametrize(

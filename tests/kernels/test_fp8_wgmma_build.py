@@ -172,3 +172,28 @@ def test_clustered_build_shares_the_tile_copies(so: Path) -> None:
     bt.assert_no_local_memory(pair, KERNEL)
     with pytest.raises(Exception, match="clusters of two CTAs"):
         build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={**T128, "cluster_ctas": 2}))
+
+
+@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2}],
+                         ids=["q-in-kernel", "q-in-kernel-clusters"])
+def test_q_in_kernel_build(so: Path, flags: dict[str, object]) -> None:
+    """The ``q_in_kernel`` benchmark build (sm90/fp8_q_quantizer.cuh: warps 1-3 of the producer
+    warpgroup quantise each Q block from the BF16 q) keeps production's GEMMs, all asynchronous,
+    asks for production's shared memory plus the Q staging area (two 16 KB BF16 atoms, the rows'
+    amax and reciprocals, two barriers; 34 KB with its alignment), computes the scales in FP64
+    (``MUFU.RCP64H``, ``F2F.F32.F64``: no division slow-path call, whose stack frame the
+    producer warpgroup's 24 registers cannot hold) and has no local memory."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
+    sass = bt.sass(build, KERNEL)
+    assert len(re.findall(QGMMA + r" R\d+, gdesc", sass)) == 32
+    assert len(re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)) == 32
+    assert sass.count("WARPGROUP.ARRIVE") == 2 * 6
+    assert "MUFU.RCP64H" in sass and "F2F.F32.F64" in sass
+    bt.assert_no_local_memory(build, KERNEL)
+    extra = int(bt.load(build).attention_fp8_wgmma_smem_bytes())
+    if "cluster_ctas" not in flags:
+        extra -= int(bt.load(so).attention_fp8_wgmma_smem_bytes())
+        assert extra == 34 * 1024
+    assert int(bt.load(build).attention_fp8_wgmma_smem_bytes()) <= MAX_SMEM

@@ -488,11 +488,13 @@ static void emulate_tiles(const qz::Inputs& in, const qz::Tables& tb, const Out&
     emulate_tiles<Out, pass, 3>(in, tb, out, grid_cap);
 }
 
-template <class Out>
+// kWithQ = false: launch 1 without its Q items (Pass::kStats, launch_quantize's kWithQ).
+template <bool kWithQ = true, class Out>
 static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb, const Out& out,
                              int grid_cap, int stages) {
   const int tiles = tb.num_qblocks * in.heads;
-  if (tiles > 0) emulate_tiles<Out, qz::Pass::kQAndStats>(in, tb, out, grid_cap, stages);
+  constexpr qz::Pass kFirst = kWithQ ? qz::Pass::kQAndStats : qz::Pass::kStats;
+  if (tiles > 0) emulate_tiles<Out, kFirst>(in, tb, out, grid_cap, stages);
   if (tb.segments * in.heads > 0) {
     const qz::ReduceShape shape = qz::reduce_shape(tb.num_qblocks, tb.segments);
     constexpr auto reduce = qz::reduce_kernel<Out>();
@@ -503,7 +505,7 @@ static void emulate_launches(const qz::Inputs& in, const qz::Tables& tb, const O
 }
 
 // op 0: NVFP4 codes, 1: FP8 codes, 2: the FP16 policy (r = kbar, qbar, q_f16, k_f16, v_f16;
-// v_code_row = vkeys_cap).
+// v_code_row = vkeys_cap), 3: FP8 codes without Q (launch 1 takes only the statistics).
 extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 int64_t tokens, int heads, const int* seg_bounds,
                                 const int* vkey_start, const int* qblock_start, const int* qblocks,
@@ -528,7 +530,11 @@ extern "C" int emulate_quantize(int op, const uint16_t* q, const uint16_t* k, co
         static_cast<float*>(r[0]),   static_cast<uint8_t*>(r[1]), static_cast<float*>(r[2]),
         static_cast<uint8_t*>(r[3]), static_cast<float*>(r[4]),   static_cast<uint8_t*>(r[5]),
         static_cast<float*>(r[6]),   v_code_row,                  k_scale_row};
-    emulate_launches(in, tb, out, grid_cap, stages);
+    if (op == 3) {
+      emulate_launches<false>(in, tb, out, grid_cap, stages);
+    } else {
+      emulate_launches(in, tb, out, grid_cap, stages);
+    }
   }
   return 0;
 }
@@ -860,6 +866,55 @@ _EDGE_BOUNDS = [0, 0, 1, 16, 32, 33, 33, 96, 160, 225, 352, 480, 609, 609, 609, 
                 1379, 1679]
 # Lengths 1, 15, 16, 17, 0, 63, 64, 65, 127, 128, 129, 0, 2, 300.
 _FP16_BOUNDS = [0, 1, 16, 32, 49, 49, 112, 176, 241, 368, 496, 625, 625, 627, 927]
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize(("bounds", "heads", "grid"), [(_EDGE_BOUNDS, 3, 7), ([0, 640], 13, 1)],
+                         ids=["edges", "one-cta"])
+def test_emulated_fp8_launches_without_q(emulator, bounds: list[int], heads: int,
+                                        grid: int) -> None:
+    """The FP8 pre-pass for a kernel that quantises Q itself (launch_quantize's kWithQ = false,
+    Pass::kStats): the Q regions stay as they were (poisoned here), everything else is the
+    reference's bit for bit, as with Q (check_call, with the reference's Q filled in)."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_quantize_gpu import (
+        POISON,
+        TAIL_BYTES,
+        assert_poisoned,
+        check_call,
+        layout_of,
+        make_qkv,
+        operand_regions,
+    )
+
+    from flashinfer_h3 import reference as R
+    from flashinfer_h3.plan import build_host_plan
+
+    q, k, v = make_qkv(bounds[-1], heads, "biased", seed=heads, device="cpu")
+    T, H, S = bounds[-1], heads, len(bounds) - 1
+    layout = layout_of("fp8", T, H, S)
+    host = build_host_plan(bounds)
+    flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
+    n = S + 1
+    tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
+    ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
+    views = layout.views(ws)
+    pointers = [views[name].data_ptr() for name in operand_regions("fp8", layout)]
+    regions = (ctypes.c_void_p * len(pointers))(*pointers)
+    rc = emulator.emulate_quantize(
+        3, q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H, *[t.data_ptr() for t in tables], S,
+        host.num_qblocks, regions, views["v_codes"].shape[2], views["k_scales"].shape[1], grid,
+        0, 3,
+    )
+    assert rc == 0
+    assert_poisoned(views["q_codes"], "q_codes")
+    assert_poisoned(views["q_scales"], "q_scales")
+    ref = R.fp8_quantize_stages(q, k, v, bounds)
+    views["q_codes"].copy_(ref["q_codes"])
+    views["q_scales"].copy_(ref["q_scales"])
+    check_call("fp8", views, ws, layout, host, q, k, v)
 
 
 @pytest.mark.nvcc

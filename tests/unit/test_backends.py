@@ -253,18 +253,20 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
     arguments of docs/design.md (derived once per plan and views)."""
 
     plan = FakePlan()
-    # (tables, the Hopper kernel's item counter, scale, tail)
+    # (tables, the Hopper kernel's item counter, scale, tail, the kernel's leading arguments)
     expected_tail = {
-        "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
-        "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, ()),
-        "mma_sync_fp8": (list(FakePlan.args), [], 0.5, ()),
-        "wgmma_fp8": (list(FakePlan.args), ["item_counter", "cta_begin", "cta_items"], 0.5, (192,)),
+        "mma_sync_fp4": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, (), ("out",)),
+        "mma_sync_fp4_emulated": (["seg_bounds", "vkey_start", "qblocks"], [], 0.5, (), ("out",)),
+        "mma_sync_fp8": (list(FakePlan.args), [], 0.5, (), ("out",)),
+        # The Hopper FP8 kernel also takes the BF16 q (its q_in_kernel builds quantise it).
+        "wgmma_fp8": (list(FakePlan.args), ["item_counter", "cta_begin", "cta_items"], 0.5, (192,),
+                      ("out", "q")),
     }
     for op in backends.OPERATORS:
         for b in backends.backends(op):
             if not b.is_kernel or b.name not in expected_tail:
                 continue
-            tables, counter, scale, tail = expected_tail[b.name]
+            tables, counter, scale, tail, lead = expected_tail[b.name]
             operands = tuple(f"view{i}" for i in range(8 if op == "nvfp4" else 7))
             views = operands + tuple(counter)  # the layout's regions (workspace.layout_for)
             module = Recorder()
@@ -275,7 +277,7 @@ def test_kernel_launchers_pass_the_documented_arguments() -> None:
             assert module.calls[2:] == module.calls[:2]
             assert qname == f"quantize_{op}"
             assert qargs == ("q", "k", "v", *FakePlan.args, *operands)
-            assert aargs == ("out", *operands[1:], *tables, *counter, scale, *tail), b.name
+            assert aargs == (*lead, *operands[1:], *tables, *counter, scale, *tail), b.name
 
 
 def test_wgmma_fp16_nvfp4_launcher_runs_one_prepass_and_the_kernel() -> None:

@@ -12,5 +12,13 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+// rcp.approx.ftz.f64 (9.7.4.9, "rcp.approx.ftz.f64"): a fast approximation of 1 / x in FP64
+// (MUFU.RCP64H and a few integer ops; subnormal inputs flushed), a starting point for Newton steps.
+__device__ __forceinline__ double rcp_approx_f64(double x) {
+  double y;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(x));
+  return y;
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

@@ -71,12 +71,14 @@ cudaError_t launch_tiles(const Inputs& in, const Tables& tb, const Out& out, cud
 // shared memory, pipe_smem_bytes<kStages>(), must fit the SM twice on SM90 and once on SM120).
 // The binding keeps 3 * NQB * H <= INT_MAX / 2, so every item index (and the divisions of
 // FastDiv) stays below 2^31. kMaxCtas: see launch_tiles (0 in production: every CTA that fits).
-template <int kStages, int kMaxCtas = 0, class Out>
+// kWithQ = false (FP8, for a kernel that quantises Q itself): launch 1 takes only the K and V
+// statistics (Pass::kStats) and the Q regions are not written.
+template <int kStages, int kMaxCtas = 0, bool kWithQ = true, class Out>
 cudaError_t launch_quantize(const Inputs& in, const Tables& tb, const Out& out, cudaStream_t stream) {
   const bool tiles = static_cast<int64_t>(tb.num_qblocks) * in.heads > 0;
   if (tiles) {
-    if (const cudaError_t e = launch_tiles<Out, Pass::kQAndStats, kStages, kMaxCtas>(in, tb, out, stream);
-        e != cudaSuccess)
+    constexpr Pass kFirst = kWithQ ? Pass::kQAndStats : Pass::kStats;
+    if (const cudaError_t e = launch_tiles<Out, kFirst, kStages, kMaxCtas>(in, tb, out, stream); e != cudaSuccess)
       return e;
   }
   const int64_t seg_heads = static_cast<int64_t>(tb.segments) * in.heads;

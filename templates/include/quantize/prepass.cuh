@@ -397,7 +397,9 @@ struct FastDiv {
 };
 
 // What a tile item does. Launch 1 (Pass::kQAndStats) needs nothing from earlier launches; launch
-// 3 (Pass::kKAndV) needs kbar and, for FP8, the V scales of launch 2.
+// 3 (Pass::kKAndV) needs kbar and, for FP8, the V scales of launch 2. Pass::kStats (FP8 only) is
+// launch 1 without its Q items, for a kernel that quantises Q itself (the Hopper FP8 kernel's
+// q_in_kernel builds, sm90/fp8_q_quantizer.cuh): the Q regions are then left as they are.
 enum class Kind : int {
   kQ,       // Q codes and scales (NVFP4: of Q' = q - qbar, and qbar itself)
   kK,       // K' = k - kbar codes and scales
@@ -405,17 +407,20 @@ enum class Kind : int {
   kKStats,  // column sums of the k tile -> stats_slot
   kVStats,  // FP8: column amax of |v| -> stats_slot + 1
 };
-enum class Pass { kQAndStats, kKAndV };
+enum class Pass { kQAndStats, kKAndV, kStats };
 
 template <Op op, Pass pass>
 constexpr int pass_kinds() {
-  return pass == Pass::kKAndV ? 2 : op == Op::kNvfp4 ? 2 : 3;
+  static_assert(pass != Pass::kStats || op == Op::kFp8, "launch 1 without Q: the FP8 pre-pass only");
+  return pass == Pass::kQAndStats && op == Op::kFp8 ? 3 : 2;
 }
 
-// Kind number i (< pass_kinds) of a pass: launch 1 {Q, k stats (, v stats)}, launch 3 {K, V}.
+// Kind number i (< pass_kinds) of a pass: launch 1 {Q, k stats (, v stats)} or, without Q,
+// {k stats, v stats}; launch 3 {K, V}.
 template <Pass pass>
 __device__ __forceinline__ Kind pass_kind(int i) {
   if constexpr (pass == Pass::kKAndV) return i == 0 ? Kind::kK : Kind::kV;
+  if constexpr (pass == Pass::kStats) return i == 0 ? Kind::kKStats : Kind::kVStats;
   return i == 0 ? Kind::kQ : i == 1 ? Kind::kKStats : Kind::kVStats;
 }
 
@@ -472,7 +477,7 @@ static_assert(sizeof(Stage) == 33408, "a 32 KB tile, its aux row and descriptor,
 template <Op op, Pass pass>
 __device__ __forceinline__ int item_qblock(const ItemMap& map, int item) {
   const int step = map.by_heads.div(item) / pass_kinds<op, pass>();
-  return pass == Pass::kQAndStats ? map.num_qblocks - 1 - step : step;
+  return pass == Pass::kKAndV ? step : map.num_qblocks - 1 - step;
 }
 
 template <Op op, Pass pass>

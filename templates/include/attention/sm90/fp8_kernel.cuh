@@ -40,6 +40,7 @@
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
+#include "fp8_q_quantizer.cuh"
 #include "fp8_softmax.cuh"
 #include "fragment_coords.cuh"
 #include "shared_storage.cuh"
@@ -83,11 +84,20 @@ struct Fp8Params {
 // kCtas = 2 (clusters, tile_scheduler.cuh schedule_item): each CTA copies one 128-key half of
 // every tile, its rank's, into the slot of both CTAs, whose full barriers each expect the whole
 // tile; the empty barriers it waits on count both CTAs' consumers (init_barriers).
-template <uint32_t kWaitSleepNs, bool kRolled, bool kCopyKv, int kCtas, class Smem>
+// kQRaw (kQInKernel builds): tm_q maps the BF16 q itself, and the item's block goes to the
+// staging area `qs` (two 64-channel boxes) for the quantizer warps instead of its codes to sm.q.
+template <uint32_t kWaitSleepNs, bool kRolled, bool kCopyKv, int kCtas, bool kQRaw = false, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
-  ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
-  ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
+  if constexpr (kQRaw) {
+    QStaging& qs = q_staging(sm);
+    ptx::mbarrier_arrive_expect_tx(&qs.full, 2 * QStaging::kAtomBytes);
+    ptx::tma_load_3d(qs.atoms[0], tm_q, &qs.full, 0, it.row_begin, it.head);
+    ptx::tma_load_3d(qs.atoms[1], tm_q, &qs.full, 64, it.row_begin, it.head);
+  } else {
+    ptx::mbarrier_arrive_expect_tx(&sm.q_full, kBlockRows * kHeadDim);
+    ptx::tma_load_3d(sm.q, tm_q, &sm.q_full, 0, it.row_begin, it.head);
+  }
   constexpr int kKeys = Smem::kTileKeysOf, kHalves = kKeys / kTileKeys;  // 128-key boxes per tile
   const int tiles = (it.seg_len + kKeys - 1) / kKeys;
   auto tile = [&](int t) {
@@ -140,7 +150,9 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // The producer thread. kDynamic: the dynamic item order (tile_scheduler.cuh): it draws each next
 // item and publishes it in sm.item with the q_full arrival, once every reader has read the last
 // one (sm.item.empty).
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, class Smem>
+// kQRaw: the kQInKernel builds' Q path (produce_item); the producer then waits for the staging
+// area (q_staging), not sm.q, which the quantizer warps fill.
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, bool kQRaw = false, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
@@ -149,8 +161,10 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
     // The list's end read again at each item (L1): the producer's 24 registers hold no more.
     for (int i = p.schedule.begin(); i < p.schedule.end(); ++i, ++items) {
       const WorkItem it = schedule_item<kCtas>(p.plan, p.schedule, i);
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, false, kCopyKv, kCtas>(sm, tm_q, tm_k, tm_v, it, slot);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(kQRaw ? &q_staging(sm).empty : &sm.q_empty, (items & 1u) ^ 1u);
+      // kQRaw: the tile loop rolled (unrolled as production's, it spilled 56 bytes of the
+      // producer warpgroup's 24 registers once the quantizer warps' code shared the region).
+      produce_item<kWaitSleepNs, kQRaw, kCopyKv, kCtas, kQRaw>(sm, tm_q, tm_k, tm_v, it, slot);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -311,7 +325,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1>
+          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, bool QInKernelOn = false>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -334,6 +348,13 @@ struct Fp8Options {
   // bytes from L2 and a 2.5 % higher clock, lost again to the two CTAs' lockstep on the ring
   // (within 1 % of production; benchmarks/RESULTS.md, twelfth session).
   static constexpr int kClusterCtas = ClusterCtas;
+  // Q quantised in the kernel from the BF16 q (benchmark builds for now, fp8_q_quantizer.cuh):
+  // the producer stages each item's BF16 block, warps 1-3 of its warpgroup write the codes and
+  // scales, and the consumers read their rows' scales after the q_full wait. The pre-pass may
+  // then skip Q.
+  static constexpr bool kQInKernel = QInKernelOn;
+  static_assert(!QInKernelOn || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
+                "Q quantised in the kernel: 256-key tiles and the static item order");
   static_assert(ClusterCtas == 1 || (ClusterCtas == 2 && TileKeys == 2 * sm90::kTileKeys && !DynamicOrder && CopyKvOn),
                 "clusters of two CTAs: 256-key tiles (one half a CTA), the static item order and every copy");
   static_assert(TileKeys == sm90::kTileKeys || TileKeys == 2 * sm90::kTileKeys, "KV tiles of 128 or 256 keys");
@@ -547,13 +568,20 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
     const WorkItem it = schedule_item<kCtas>(p.plan, p.schedule, i);
     const int row0 = it.row_begin + row_in_block;
     const float* qs = p.q_scales + head_offset(it.head, p.tokens);
-    st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
+    if constexpr (Opt::kQInKernel) {
+      // The scales are this kernel's own writes (the quantizer warps'), visible after the q_full
+      // wait, and read through L2 (ld.global.cg), not the non-coherent path.
+      ptx::mbarrier_wait(&sm.q_full, items & 1u);
+      st.reset(row0 < it.row_end ? __ldcg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldcg(qs + row0 + 8) : 0.0f);
+    } else {
+      st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
+    }
     const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
     const int last_block = (it.seg_len - 1) / kTileKeys;  // the segment's last 128-key block
 #pragma unroll
     for (int j = 0; j < 64; ++j) o[j] = 0.0f;
     const int tiles = (it.seg_len + kKeys - 1) / kKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    if constexpr (!Opt::kQInKernel) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     {
       const float sk0 = __ldg(ks + 0), sk1 = __ldg(ks + min(1, last_block));
@@ -600,7 +628,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
 }
 
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
-// smem_bytes<Opt::kStages, Opt::kTileKeys>().
+// smem_bytes<Opt::kStages, Opt::kTileKeys, Opt::kQInKernel>(). kQInKernel builds: tm_q maps the
+// BF16 q [T, H, 128] in boxes of 64 channels x 128 tokens (128-byte swizzle), not the codes.
 template <class Opt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -610,7 +639,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
-    init_barriers<Opt::kClusterCtas>(sm);
+    if constexpr (Opt::kQInKernel) {  // the Q staging area after the storage (QStaging)
+      ptx::mbarrier_init(&q_staging(sm).full, 1);
+      ptx::mbarrier_init(&q_staging(sm).empty, kQQuantizerThreads);
+      init_barriers<Opt::kClusterCtas>(sm, kQQuantizerThreads);  // fences these inits too
+    } else {
+      init_barriers<Opt::kClusterCtas>(sm);
+    }
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
@@ -624,7 +659,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas>(sm, &tm_q, &tm_k, &tm_v, p);
+    if (threadIdx.x == 0) {
+      produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas, Opt::kQInKernel>(sm, &tm_q, &tm_k,
+                                                                                                  &tm_v, p);
+    } else if (Opt::kQInKernel && threadIdx.x >= 32) {
+      // q_scales is the workspace region the binding passes (writable; Fp8Params keeps it const
+      // for the consumers' reads).
+      quantize_q_blocks<Opt::kClusterCtas>(sm, p.plan, p.schedule, const_cast<float*>(p.q_scales), p.tokens,
+                                           static_cast<int>(threadIdx.x) - 32);
+    }
     // A CTA's shared memory must outlive the peer's last copies into it and arrivals on its
     // barriers. The producer warpgroup keeps the CTA alive until every thread of the cluster
     // has arrived here or exited (barrier.cluster waits for the non-exited threads only): the

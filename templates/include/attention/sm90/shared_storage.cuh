@@ -44,10 +44,31 @@ struct alignas(1024) SharedStorage {
   ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
 };
 
-// Dynamic shared memory to request: the storage plus slack to align its start to 1024 bytes.
-template <int kDepth, int kKeys = kTileKeys>
+// The BF16 Q block of the item ahead, for the FP8 builds that quantise Q in the kernel
+// (Fp8Options::kQInKernel, fp8_q_quantizer.cuh): channels 0..63 and 64..127 of its 128 rows as
+// two atoms of 128 rows x 128 bytes in the 128-byte swizzle, as the TMA thread's two boxes land.
+// It follows the SharedStorage in dynamic shared memory (whose size is a multiple of 1024), so
+// production's storage and addresses stay as they are.
+struct alignas(1024) QStaging {
+  static constexpr uint32_t kAtomBytes = kBlockRows * 128;
+  uint8_t atoms[2][kAtomBytes];
+  float amax[kBlockRows];   // the rows' amax, then their scales s
+  float recip[kBlockRows];  // and 1 / s (0 for s = 0)
+  uint64_t full;   // the TMA thread's arrive.expect_tx plus the two boxes' bytes
+  uint64_t empty;  // one arrival per quantizer thread once it read the block
+};
+
+// The QStaging after a SharedStorage `sm` (of a kQStaging build's dynamic shared memory).
+template <class Storage>
+__device__ __forceinline__ QStaging& q_staging(Storage& sm) {
+  return *reinterpret_cast<QStaging*>(reinterpret_cast<uint8_t*>(&sm) + sizeof(Storage));
+}
+
+// Dynamic shared memory to request: the storage (and the Q staging area of kQStaging builds) plus
+// slack to align its start to 1024 bytes.
+template <int kDepth, int kKeys = kTileKeys, bool kQStaging = false>
 constexpr int smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<kDepth, kKeys>)) + 1024;
+  return static_cast<int>(sizeof(SharedStorage<kDepth, kKeys>) + (kQStaging ? sizeof(QStaging) : 0)) + 1024;
 }
 
 // The (1024-byte aligned) storage inside the dynamic shared memory; `Storage` is a SharedStorage
@@ -62,9 +83,11 @@ __device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
 // arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup
 // of each of the kClusterCtas CTAs that a slot's copies fill (the FP8 kernel's clusters: a CTA
 // copies half of every tile into both, so a slot is free once both CTAs' consumers released it).
+// q_full_arrivals: 1 (the Q block's copy), or the quantizer threads of kQInKernel builds, each of
+// which arrives once it wrote its rows' codes.
 template <int kClusterCtas = 1, int kDepth, int kKeys>
-__device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kKeys>& s) {
-  ptx::mbarrier_init(&s.q_full, 1);
+__device__ __forceinline__ void init_barriers(SharedStorage<kDepth, kKeys>& s, uint32_t q_full_arrivals = 1) {
+  ptx::mbarrier_init(&s.q_full, q_full_arrivals);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
@@ -104,7 +127,8 @@ struct RingSlot {
 // Named barriers (id 0 is __syncthreads). kTurn + c: consumer c may issue its GEMMs; the other
 // consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
 // the other's tensor-core work.
-enum NamedBarrier : uint32_t { kTurn = 1 };
+// kQuantizers: the FP8 kernel's Q quantizer warps (fp8_q_quantizer.cuh) between their phases.
+enum NamedBarrier : uint32_t { kTurn = 1, kQuantizers = 3 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 
 // Consumer c's side of the ping-pong: wait() before its GEMM phase, pass() once its GEMMs are
