@@ -13,8 +13,12 @@ on all of them alike):
   so each part is timed where it runs in a real call (after the other one);
 - ``cuDNN bf16``: torch SDPA's cuDNN backend, the bar's yardstick.
 
+``--fp8-build FLAG=VALUE,...`` adds the same rows but the whole call's for a benchmark build of
+the Hopper FP8 module (KernelConfig flags, e.g. ``q_in_kernel=1``: its pre-pass without Q and
+its kernel quantising Q), so its pre-pass, kernel and in-call split sit beside production's.
+
     python benchmarks/bench_call_breakdown.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix]
-        [--iters 10] [--rounds 3]
+        [--iters 10] [--rounds 3] [--fp8-build q_in_kernel=1]
 """
 
 from __future__ import annotations
@@ -51,7 +55,22 @@ def _split(launch: Any, args: tuple[Any, ...], iters: int, warmup: int
     return pre, ker
 
 
-def run(preset_name: str, ops: list[str], iters: int, rounds: int) -> None:
+def fp8_build_peer(flags: dict[str, Any], q: Any, k: Any, v: Any, bounds: tuple[int, ...],
+                   out: Any) -> benchtools.KernelOnly:
+    """The kernel-only measurement of a benchmark build of module fp8_wgmma (its own pre-pass
+    and kernel, through the wgmma_fp8 backend's launcher)."""
+    from flashinfer_h3 import backends
+    from flashinfer_h3.jit import KernelConfig, build_module
+    from flashinfer_h3.jit.load import load_so
+
+    module = load_so(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
+    backend = backends.get("fp8", "wgmma_fp8")
+    prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
+    return benchtools.KernelOnly("fp8", prepared, q, k, v, out, bounds, 128**-0.5)
+
+
+def run(preset_name: str, ops: list[str], iters: int, rounds: int,
+        fp8_build: dict[str, Any] | None = None) -> None:
     preset = PRESETS[preset_name]
     q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), 0)
     out = torch.empty_like(q)
@@ -64,13 +83,18 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int) -> None:
             print(f"{op}: no kernel backend on this GPU; skipped")
         else:
             peers.append((op, _operator(op), ko))
+    if fp8_build:
+        label = "fp8 [" + ",".join(f"{key}={val}" for key, val in fp8_build.items()) + "]"
+        peers.append((label, None, fp8_build_peer(fp8_build, q, k, v, tuple(bounds), out)))
     for r in range(rounds):
         for op, fn, ko in peers:
             ko.prime()  # the other op's calls may have reused the workspace
             launch = ko.prepared.launch
             args = (q, k, v, out, ko.scale, ko.bounds, ko.plan, ko.views)
-            rows.setdefault(f"{op} whole call", []).append(
-                _time_cuda(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters, 2))
+            if fn is not None:  # a benchmark build has no public operator
+                rows.setdefault(f"{op} whole call", []).append(
+                    _time_cuda(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters,
+                               2))
             rows.setdefault(f"{op} pre-pass alone", []).append(
                 _time_cuda(lambda launch=launch, args=args: launch.prepass_only(*args), iters, 2))
             # The workspace holds this input's operands (the pre-pass just ran): the kernel alone.
@@ -97,9 +121,19 @@ def main() -> None:
                     help=f"comma-separated among {', '.join(PRESETS)}")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
+    ap.add_argument("--fp8-build", default="", metavar="FLAG=VALUE,...",
+                    help="also a benchmark build of module fp8_wgmma with these KernelConfig "
+                    "flags (integer values), e.g. q_in_kernel=1")
     args = ap.parse_args()
+    fp8_build: dict[str, Any] = {}
+    for part in filter(None, args.fp8_build.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            ap.error(f"--fp8-build: expected FLAG=INTEGER, got {part!r}")
+        fp8_build[key.strip()] = int(value)
     for name in args.preset.split(","):
-        run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds)
+        run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds,
+            fp8_build or None)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|l2|qin|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
-# SMs and beside the attention kernel; variants: benchmark builds against production; see below;
+# SMs and beside the attention kernel; variants: benchmark builds against production; l2: how much
+# of a re-read L2 serves; qin: the FP8 q_in_kernel build's tests and timings; see below;
 # none is part of all)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
 # `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
@@ -123,9 +124,34 @@ fi
 
 if [[ $what == breakdown ]]; then
     # Where a whole call's time goes (pre-pass, attention kernel, each alone and inside one call
-    # sequence) beside cuDNN BF16, both operators, the three presets.
+    # sequence) beside cuDNN BF16, both operators, the three presets; FP8_BUILD (e.g.
+    # q_in_kernel=1) adds a benchmark build of the FP8 module's rows.
     timeout 300 python3 benchmarks/bench_call_breakdown.py --op fp8,nvfp4 \
-        --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 2>&1 | tee "$OUT/breakdown.log"
+        --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 --fp8-build "${FP8_BUILD:-}" \
+        2>&1 | tee "$OUT/breakdown.log"
+fi
+
+if [[ $what == qin ]]; then
+    # Q quantised inside the FP8 kernel (benchmark build q_in_kernel, twentieth session, built
+    # and tested on the CPU only): its GPU tests, its kernel beside production's, its pre-pass
+    # without Q and kernel beside production's whole call (h3-mix and h3-10s), then the L2 reuse
+    # that decides the single-pass pre-pass. About 8 minutes with a carried JIT cache.
+    {
+        timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -x \
+            -k "q_quantised or q-in-kernel or item_counter or item_schedule" \
+            tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 15
+        timeout 200 python3 benchmarks/bench_wgmma_variants.py --op fp8 \
+            --preset h3-10s,h3-mix,h3-15s-sp4 --only "Q quantised" --iters 5 --rounds 3
+        timeout 200 python3 benchmarks/bench_call_breakdown.py --op fp8 --preset h3-mix,h3-10s \
+            --iters 10 --rounds 3 --fp8-build q_in_kernel=1
+        timeout 100 python3 benchmarks/bench_l2_reuse.py
+    } 2>&1 | tee "$OUT/qin.log"
+fi
+
+if [[ $what == l2 ]]; then
+    # How much of a just-read buffer L2 still holds for a second read, by size, with other reads
+    # in between: what a single pass over K and V in the pre-pass could save.
+    timeout 200 python3 benchmarks/bench_l2_reuse.py 2>&1 | tee "$OUT/l2_reuse.log"
 fi
 
 if [[ $what == variants ]]; then
