@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import binary_tools as bt
 import pytest
@@ -868,6 +869,37 @@ _EDGE_BOUNDS = [0, 0, 1, 16, 32, 33, 33, 96, 160, 225, 352, 480, 609, 609, 609, 
 _FP16_BOUNDS = [0, 1, 16, 32, 49, 49, 112, 176, 241, 368, 496, 625, 625, 627, 927]
 
 
+def _run_emulated(emulator, op: str, q, k, v, bounds: list[int], grid: int, copy_mode: int,
+                  stages: int, with_q: bool = True) -> tuple[Any, Any, Any, Any]:
+    """The emulated launches of ``op``'s pre-pass (``with_q = False``: FP8 without its Q items)
+    into a poisoned workspace: (views, workspace, layout, host plan)."""
+    import torch
+    from test_quantize_gpu import POISON, TAIL_BYTES, layout_of, operand_regions
+
+    from flashinfer_h3.plan import build_host_plan
+
+    T, H, S = bounds[-1], q.shape[1], len(bounds) - 1
+    layout = layout_of(op, T, H, S)
+    host = build_host_plan(bounds)
+    flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
+    n = S + 1
+    tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
+    ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
+    views = layout.views(ws)
+    pointers = [views[name].data_ptr() for name in operand_regions(op, layout)]
+    regions = (ctypes.c_void_p * len(pointers))(*pointers)
+    v_code_row = views["v_f16" if op == "nvfp4_fp16" else "v_codes"].shape[2]  # FP16: vkeys_cap
+    k_scale_row = views["k_scales"].shape[1] if op == "fp8" else 0
+    code = {"nvfp4": 0, "fp8": 1, "nvfp4_fp16": 2}[op] if with_q else 3
+    assert with_q or op == "fp8", "only the FP8 pre-pass runs without Q"
+    rc = emulator.emulate_quantize(
+        code, q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H, *[t.data_ptr() for t in tables], S,
+        host.num_qblocks, regions, v_code_row, k_scale_row, grid, copy_mode, stages,
+    )
+    assert rc == 0
+    return views, ws, layout, host
+
+
 @pytest.mark.nvcc
 @pytest.mark.slow
 @pytest.mark.parametrize(("bounds", "heads", "grid"), [(_EDGE_BOUNDS, 3, 7), ([0, 640], 13, 1)],
@@ -877,38 +909,15 @@ def test_emulated_fp8_launches_without_q(emulator, bounds: list[int], heads: int
     """The FP8 pre-pass for a kernel that quantises Q itself (launch_quantize's kWithQ = false,
     Pass::kStats): the Q regions stay as they were (poisoned here), everything else is the
     reference's bit for bit, as with Q (check_call, with the reference's Q filled in)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_quantize_gpu import (
-        POISON,
-        TAIL_BYTES,
-        assert_poisoned,
-        check_call,
-        layout_of,
-        make_qkv,
-        operand_regions,
-    )
+    from test_quantize_gpu import assert_poisoned, check_call, make_qkv
 
     from flashinfer_h3 import reference as R
-    from flashinfer_h3.plan import build_host_plan
 
     q, k, v = make_qkv(bounds[-1], heads, "biased", seed=heads, device="cpu")
-    T, H, S = bounds[-1], heads, len(bounds) - 1
-    layout = layout_of("fp8", T, H, S)
-    host = build_host_plan(bounds)
-    flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
-    n = S + 1
-    tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
-    ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
-    views = layout.views(ws)
-    pointers = [views[name].data_ptr() for name in operand_regions("fp8", layout)]
-    regions = (ctypes.c_void_p * len(pointers))(*pointers)
-    rc = emulator.emulate_quantize(
-        3, q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H, *[t.data_ptr() for t in tables], S,
-        host.num_qblocks, regions, views["v_codes"].shape[2], views["k_scales"].shape[1], grid,
-        0, 3,
-    )
-    assert rc == 0
+    views, ws, layout, host = _run_emulated(emulator, "fp8", q, k, v, bounds, grid, 0, 3,
+                                            with_q=False)
     assert_poisoned(views["q_codes"], "q_codes")
     assert_poisoned(views["q_scales"], "q_scales")
     ref = R.fp8_quantize_stages(q, k, v, bounds)
@@ -947,36 +956,10 @@ def test_emulated_launches_match_reference(
     emulator, op: str, bounds: list[int], heads: int, kind: str, grid: int, copy_mode: int,
     stages: int,
 ) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_quantize_gpu import (
-        POISON,
-        TAIL_BYTES,
-        check_call,
-        layout_of,
-        make_qkv,
-        operand_regions,
-    )
-
-    from flashinfer_h3.plan import build_host_plan
+    from test_quantize_gpu import check_call, make_qkv
 
     q, k, v = make_qkv(bounds[-1], heads, kind, seed=len(bounds) + heads, device="cpu")
-    T, H, S = bounds[-1], heads, len(bounds) - 1
-    layout = layout_of(op, T, H, S)
-    host = build_host_plan(bounds)
-    flat = torch.tensor(host.flat_tables(), dtype=torch.int32)
-    n = S + 1
-    tables = [flat[0:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]]
-    ws = torch.full((layout.total_bytes + TAIL_BYTES,), POISON, dtype=torch.uint8)
-    views = layout.views(ws)
-    pointers = [views[name].data_ptr() for name in operand_regions(op, layout)]
-    regions = (ctypes.c_void_p * len(pointers))(*pointers)
-    v_code_row = views["v_f16" if op == "nvfp4_fp16" else "v_codes"].shape[2]  # FP16: vkeys_cap
-    k_scale_row = views["k_scales"].shape[1] if op == "fp8" else 0
-    rc = emulator.emulate_quantize(
-        {"nvfp4": 0, "fp8": 1, "nvfp4_fp16": 2}[op], q.data_ptr(), k.data_ptr(), v.data_ptr(), T, H,
-        *[t.data_ptr() for t in tables], S, host.num_qblocks, regions, v_code_row, k_scale_row,
-        grid, copy_mode, stages,
-    )
-    assert rc == 0
+    views, ws, layout, host = _run_emulated(emulator, op, q, k, v, bounds, grid, copy_mode, stages)
     check_call(op, views, ws, layout, host, q, k, v)
