@@ -83,7 +83,10 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int,
             print(f"{op}: no kernel backend on this GPU; skipped")
         else:
             peers.append((op, _operator(op), ko))
-    if fp8_build:
+    if fp8_build and torch.cuda.get_device_capability()[0] != 9:
+        print("--fp8-build: the fp8_wgmma module is a Hopper (compute capability 9.0) module; "
+              "skipped")
+    elif fp8_build:
         label = "fp8 [" + ",".join(f"{key}={val}" for key, val in fp8_build.items()) + "]"
         peers.append((label, None, fp8_build_peer(fp8_build, q, k, v, tuple(bounds), out)))
     for r in range(rounds):
@@ -110,7 +113,7 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int,
     for name, times in rows.items():
         ms = statistics.median(times)
         spread = 100 * (max(times) - min(times)) / ms
-        print(f"  {name:24s} {ms:9.3f} ms (rounds spread {spread:4.1f} %)  "
+        print(f"  {name:42s} {ms:9.3f} ms (rounds spread {spread:4.1f} %)  "
               f"cuDNN bf16 / this {yardstick / ms:6.3f}", flush=True)
 
 

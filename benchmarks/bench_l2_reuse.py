@@ -9,6 +9,8 @@ while the next group streams past. This script measures that directly: for each 
 read of a fresh buffer (cold: a 512 MB sweep evicts L2 first) and a read of the same buffer right
 after a first read (warm), optionally with ``--between MB`` of other traffic in between (the
 next group's statistics read). The saving of a warm read is what the second pass would save.
+Sizes are MiB; the launch and event overhead (a read of 4 KiB, printed first) is subtracted,
+since a read of a few MiB takes only microseconds.
 
     python benchmarks/bench_l2_reuse.py [--sizes 4,8,16,24,32,48,64] [--between 0,16]
         [--iters 20]
@@ -42,11 +44,17 @@ def time_read(x: torch.Tensor, before: list[torch.Tensor], sweep: torch.Tensor) 
     return start.elapsed_time(end)
 
 
+def overhead_ms(sweep: torch.Tensor, iters: int) -> float:
+    """ms of a read of 4 KiB: the launch and event cost included in every timing."""
+    tiny = torch.ones(1024, dtype=torch.int32, device=sweep.device)
+    return statistics.median(time_read(tiny, [], sweep) for _ in range(iters))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="4,8,16,24,32,48,64", help="buffer sizes in MB")
+    ap.add_argument("--sizes", default="4,8,16,24,32,48,64", help="buffer sizes in MiB")
     ap.add_argument("--between", default="0,16",
-                    help="MB of other reads between the first and the timed read")
+                    help="MiB of other reads between the first and the timed read")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -56,16 +64,19 @@ def main() -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     sweep = torch.ones(512 * MB // 4, dtype=torch.int32, device=dev)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size / MB
-    print(f"{torch.cuda.get_device_name(dev)}, L2 {l2:.0f} MB")
+    base = overhead_ms(sweep, args.iters)
+    print(f"{torch.cuda.get_device_name(dev)}, L2 {l2:.0f} MiB; overhead {base * 1e3:.1f} us, "
+          f"subtracted below")
     for size in sizes:
         x = torch.ones(size * MB // 4, dtype=torch.int32, device=dev)
-        cold = statistics.median(time_read(x, [], sweep) for _ in range(args.iters))
+        cold = statistics.median(time_read(x, [], sweep) for _ in range(args.iters)) - base
         for between in betweens:
             other = ([torch.ones(between * MB // 4, dtype=torch.int32, device=dev)]
                      if between else [])
-            warm = statistics.median(time_read(x, [x, *other], sweep) for _ in range(args.iters))
-            print(f"{size:4d} MB: cold {cold * 1e3:8.1f} us ({size * MB / cold / 1e6:6.0f} GB/s), "
-                  f"re-read after {between:3d} MB of other reads {warm * 1e3:8.1f} us "
+            warm = statistics.median(
+                time_read(x, [x, *other], sweep) for _ in range(args.iters)) - base
+            print(f"{size:4d} MiB: cold {cold * 1e3:8.1f} us ({size * MB / cold / 1e6:6.0f} GB/s), "
+                  f"re-read after {between:3d} MiB of other reads {warm * 1e3:8.1f} us "
                   f"({size * MB / warm / 1e6:6.0f} GB/s): saves {100 * (1 - warm / cold):5.1f} %",
                   flush=True)
 

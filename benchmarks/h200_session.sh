@@ -138,7 +138,7 @@ if [[ $what == qin ]]; then
     # that decides the single-pass pre-pass. About 8 minutes with a carried JIT cache.
     {
         timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -x \
-            -k "q_quantised or q-in-kernel or item_counter or item_schedule" \
+            -k "q_quantised or q-in-kernel or every_bf16_magnitude or item_counter or item_schedule" \
             tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 15
         timeout 200 python3 benchmarks/bench_wgmma_variants.py --op fp8 \
             --preset h3-10s,h3-mix,h3-15s-sp4 --only "Q quantised" --iters 5 --rounds 3

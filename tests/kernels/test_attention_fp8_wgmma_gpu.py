@@ -10,8 +10,10 @@ on Gaussian inputs at the default scale). Shapes: empty, 1, 15-17, 63-65, 127-12
 4095/4097, 16,384 tokens, packed segments with empty ones, 10,000 segments of 0..7 tokens, 1-56
 heads, biased and heavy-tailed inputs, two softmax scales; execution: workspace unchanged,
 determinism, a side stream, CUDA-graph capture replayed on new inputs, no tokens. Added here:
-the public operator's auto backend on 9.0 through the whole call path, and the benchmark-only
-builds of both Hopper kernels that change the schedule, not the arithmetic, against production.
+the public operator's auto backend on 9.0 through the whole call path, the benchmark-only
+builds of both Hopper kernels that change the schedule, not the arithmetic, against production,
+and the FP8 build that quantises Q in the kernel (``q_in_kernel``): bit-identical to production
+with the workspace's Q poisoned, and its FP64 row scales on every BF16 magnitude.
 """
 
 from __future__ import annotations
@@ -283,8 +285,9 @@ def test_q_in_kernel_scales_on_every_bf16_magnitude(module: Any) -> None:
     """The kernel's row scales come from FP64 arithmetic (fp8_q_scale), not the pre-pass's
     __fdiv_rn / __frcp_rn: on 32,768 rows whose amax runs over every non-negative BF16 value
     (zero, subnormals, normals, the largest finite value, inf; the NaN patterns replaced by 0),
-    the other channels random multiples of it, the scales are the pre-pass's bit for bit and so
-    is the output (compared as bits: rows near the BF16 range end overflow to inf / NaN in both)."""
+    the other channels random multiples of it, the scales are the pre-pass's bit for bit (those
+    below 2^-126 flushed to 0 by both, SPEC 4.1) and so is the output (compared as bits: rows near
+    the top of the BF16 range overflow to inf / NaN in both)."""
     from test_attention_fp8_mma_sync_gpu import prepare, run_kernel
     from test_attention_nvfp4_gpu import bounds_of
 

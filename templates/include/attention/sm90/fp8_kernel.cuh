@@ -5,7 +5,9 @@
 // balances, ItemSchedule; the dynamic order measured 2-4 % slower here, benchmarks/RESULTS.md),
 // one CTA per SM:
 //   producer   (warpgroup 0, one thread)  TMA loads of the Q block and the ring of K and V^T tiles,
-//              completing on mbarriers; gives most of its registers away (setmaxnreg)
+//              completing on mbarriers; gives most of its registers away (setmaxnreg). In the
+//              q_in_kernel benchmark build it stages the BF16 Q block instead, and warps 1-3 of
+//              the warpgroup quantise it (fp8_q_quantizer.cuh)
 //   consumer c (warpgroups 1, 2)          64 query rows each; per KV tile of 256 keys (two
 //              128-key halves, one K-scale block each; consume_256)
 //                 QK^T  S = Q K^T                   wgmma SS, m64n128k32 x 4 per half
@@ -665,8 +667,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (Opt::kQInKernel && threadIdx.x >= 32) {
       // q_scales is the workspace region the binding passes (writable; Fp8Params keeps it const
       // for the consumers' reads).
-      quantize_q_blocks<Opt::kClusterCtas>(sm, p.plan, p.schedule, const_cast<float*>(p.q_scales), p.tokens,
-                                           static_cast<int>(threadIdx.x) - 32);
+      quantize_q_blocks<Opt::kClusterCtas, Opt::kWaitSleepNs>(sm, p.plan, p.schedule, const_cast<float*>(p.q_scales),
+                                                              p.tokens, static_cast<int>(threadIdx.x) - 32);
     }
     // A CTA's shared memory must outlive the peer's last copies into it and arrivals on its
     // barriers. The producer warpgroup keeps the CTA alive until every thread of the cluster

@@ -53,7 +53,7 @@ struct alignas(1024) QStaging {
   static constexpr uint32_t kAtomBytes = kBlockRows * 128;
   uint8_t atoms[2][kAtomBytes];
   float amax[kBlockRows];   // the rows' amax, then their scales s
-  float recip[kBlockRows];  // and 1 / s (0 for s = 0)
+  float recip[kBlockRows];  // and 1 / s (0 for s = 0 or inf)
   uint64_t full;   // the TMA thread's arrive.expect_tx plus the two boxes' bytes
   uint64_t empty;  // one arrival per quantizer thread once it read the block
 };
