@@ -245,10 +245,16 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return (values * ue4m3_to_float(scales).unsqueeze(-1)).flatten(-2)  # exact in FP32
 
 
+FP32_MIN_NORMAL = 2.0**-126
+
+
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The FP8 recipe's FP32 scale ``amax / 448`` (not rounded to a format)."""
+    """The FP8 recipe's FP32 scale ``amax / 448`` (not rounded to a format); 0 where that is
+    below 2^-126 (SPEC 4.1: the reciprocal of a subnormal scale can overflow, and 0 * inf would
+    make the group's zeros NaN codes)."""
     _check_float32(amax, "amax")
-    return div_rn(amax, E4M3_MAX)
+    s = div_rn(amax, E4M3_MAX)
+    return torch.where(s < FP32_MIN_NORMAL, torch.zeros((), device=s.device), s)
 
 
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

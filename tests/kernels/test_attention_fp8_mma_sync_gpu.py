@@ -272,7 +272,7 @@ def test_56_heads_multi_block(module: Any) -> None:
     check_case(module, [700, 0, 1000, 37], 56, seed=56)
 
 
-@pytest.mark.parametrize("kind", ["biased", "heavy"])
+@pytest.mark.parametrize("kind", ["biased", "heavy", "tiny"])
 @pytest.mark.parametrize("lengths", [[1000], [300, 0, 1500, 9]], ids=["single", "packed"])
 def test_real_model_like_inputs(module: Any, kind: str, lengths: list[int]) -> None:
     check_case(module, lengths, 4, kind, seed=99)

@@ -57,7 +57,9 @@ def module() -> Any:
 
 def make_qkv(tokens: int, heads: int, kind: str, seed: int) -> tuple[torch.Tensor, ...]:
     """``gauss``: N(0, 1). ``biased``: q and k get a per-channel bias with a few large outlier
-    channels (real DiT activations). ``heavy``: per-token magnitudes spread over decades."""
+    channels (real DiT activations). ``heavy``: per-token magnitudes spread over decades.
+    ``tiny``: some Q rows, the first third of the keys and 8 V channels of magnitude ~1e-37
+    (FP8 scales below 2^-126, which SPEC 4.1 flushes to 0: NaN rows before)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -72,6 +74,10 @@ def make_qkv(tokens: int, heads: int, kind: str, seed: int) -> tuple[torch.Tenso
     elif kind == "heavy":
         q *= torch.exp(randn(tokens, heads, 1) * 1.5)
         k *= torch.exp(randn(tokens, heads, 1) * 1.5)
+    elif kind == "tiny":
+        q[::7] *= 1e-37
+        k[: tokens // 3] *= 1e-37
+        v[:, :, :8] *= 1e-37
     elif kind != "gauss":
         raise ValueError(kind)
     return tuple(x.to(torch.bfloat16).contiguous() for x in (q, k, v))
@@ -244,7 +250,7 @@ def test_56_heads(module: Any) -> None:
     check_case(module, [700, 0, 1000, 37], 56, "gauss", seed=56)
 
 
-@pytest.mark.parametrize("kind", ["biased", "heavy"])
+@pytest.mark.parametrize("kind", ["biased", "heavy", "tiny"])
 @pytest.mark.parametrize("lengths", [[1000], [300, 0, 1500, 9]], ids=["single", "packed"])
 def test_real_model_like_inputs(module: Any, kind: str, lengths: list[int]) -> None:
     check_case(module, lengths, 4, kind, seed=99)

@@ -62,7 +62,7 @@ def module() -> Any:
     return get_module("nvfp4_wgmma")
 
 
-@pytest.mark.parametrize("kind", ["gauss", "biased", "heavy"])
+@pytest.mark.parametrize("kind", ["gauss", "biased", "heavy", "tiny"])
 def test_prepass_writes_the_decoded_codes(module: Any, kind: str) -> None:
     """quantize_nvfp4_fp16 (this module's pre-pass) in a poisoned workspace: its means and FP16
     operands pass the pre-pass tests' checks (test_quantize_gpu.check_call: bit-exact against

@@ -935,6 +935,8 @@ def test_emulated_fp8_launches_without_q(emulator, bounds: list[int], heads: int
         ("fp8", _EDGE_BOUNDS, 3, "biased", 7, 0, 3),
         ("nvfp4", _EDGE_BOUNDS, 3, "heavy", 5, 1, 3),  # copies land at the issue
         ("fp8", _EDGE_BOUNDS, 3, "heavy", 5, 1, 3),
+        ("fp8", _EDGE_BOUNDS, 3, "tiny", 7, 0, 3),  # FP8 scales below 2^-126: flushed
+        ("nvfp4", _EDGE_BOUNDS, 3, "tiny", 7, 0, 3),
         ("nvfp4", _EDGE_BOUNDS, 2, "gaussian", 4, 0, 2),  # the SM120 ring
         ("fp8", _EDGE_BOUNDS, 2, "gaussian", 4, 0, 2),
         ("nvfp4", [0, 640], 13, "gaussian", 1, 0, 3),  # one CTA walks every item

@@ -131,6 +131,11 @@ def make_qkv(
             return randn(*shape) * torch.exp(randn(tokens, heads, 1) * 4)
 
         q, k, v = heavy(), heavy(), heavy()
+    elif kind == "tiny":  # FP8 scales below 2^-126 (SPEC 4.1: flushed to 0 with their codes)
+        q, k, v = randn(*shape), randn(*shape), randn(*shape)
+        q[::7] *= 1e-37  # Q rows
+        k[: tokens // 3] *= 1e-37  # whole K' blocks where a segment lies inside
+        v[:, :, :8] *= 1e-37  # V channels of every segment
     else:
         raise ValueError(kind)
     q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
@@ -265,7 +270,7 @@ def random_bounds(gen: torch.Generator, segments: int, max_len: int) -> list[int
 # ---------------------------------------------------------------------------------------------
 
 OPS = ("nvfp4", "fp8", "nvfp4_fp16")
-KINDS = ("gaussian", "biased", "heavy")
+KINDS = ("gaussian", "biased", "heavy", "tiny")
 EDGE_LENGTHS = [0, 1, 15, 16, 17, 0, 63, 64, 65, 127, 128, 129, 0, 0, 255, 256, 257, 2, 300]
 
 

@@ -393,6 +393,22 @@ def test_fp8_quantize_hand_cases():
     assert codes[2].tolist() == [0x7E, 0x38, 0x00, 0xC4]
 
 
+def test_fp8_scale_below_the_normal_range_is_zero():
+    """SPEC 4.1: a scale below 2^-126 is 0 with its codes. Kept, fl(1 / s) of a scale below
+    2^-128 is inf and 0 * inf made the group's zeros NaN codes (0xFF): a NaN output row."""
+    amax = f32([448 * 2.0**-126, 448 * 2.0**-127, 1e-37, 448 * 2.0**-149, 0.0, 1.0])
+    scale = F.fp8_scale(amax)
+    assert scale[0].item() == 2.0**-126 and scale[5].item() > 0
+    assert scale[1:5].eq(0).all()
+    x = f32([[1e-37, 0.0, -0.0, -5e-38]])
+    codes = F.fp8_quantize(x, F.fp8_scale(x.abs().amax(-1, keepdim=True)))
+    assert codes.tolist() == [[0, 0, 0, 0]]
+    # At the boundary the reciprocal is finite and the codes are the recipe's.
+    y = f32([[448 * 2.0**-126, 0.0, -224 * 2.0**-126]])
+    codes = F.fp8_quantize(y, F.fp8_scale(y.abs().amax(-1, keepdim=True)))
+    assert codes.tolist() == [[0x7E, 0x00, 0xF6]]
+
+
 def test_fp8_quantize_saturates_products_just_above_448():
     # amax * fp32(1 / fp32(amax / 448)) may round above 448: it must saturate, not become NaN.
     g = torch.Generator().manual_seed(3)

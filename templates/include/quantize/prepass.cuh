@@ -28,6 +28,8 @@
 //                                         sum of the block sums, fixed order), FP8 V scales
 //   3. quantize_kernel<Pass::kKAndV>      per (128-row block, head): the K' = k - kbar tile and
 //                                         the V tile
+// (FP8 for a kernel that quantises Q itself: launch 1 is quantize_kernel<Pass::kStats>, without
+// its Q items.)
 //
 // Why this split: the statistics need the whole segment before any K' (or FP8 V) code, so k (and
 // v) is read twice for a long segment. Reading it again in launch 1, next to the Q tiles, whose
@@ -117,7 +119,6 @@ constexpr int kRowSlices = kThreads / kChanGroups;      // 32 row slices of a ro
 constexpr int kRowsPerThread = kBlockRows / kRowSlices; // 4 rows per thread
 constexpr int kReduceMaxSlices = 32;                    // launch 2: threads adding one channel
 constexpr int kReduceMaxThreads = 1024;                 // launch 2: a CTA's threads
-constexpr float kFp8Max = kE4M3Max;
 
 static_assert(kThreads % kChanGroups == 0 && kBlockRows % kRowSlices == 0, "row tile split");
 static_assert(kBlockRows == 2 * kVKeyPad, "a block covers one or two 64-key V chunks");
@@ -309,7 +310,7 @@ __device__ __forceinline__ void segment_reduce(const Inputs& in, const Tables& t
   const int length = tb.seg_bounds[s + 1] - tb.seg_bounds[s];
   const int64_t at = (static_cast<int64_t>(s) * in.heads + h) * kHeadDim + c;
   out.kbar[at] = length > 0 ? static_cast<float>(sum / static_cast<double>(length)) : 0.0f;
-  if constexpr (op == Op::kFp8) out.v_scales[at] = __fdiv_rn(vmax, kFp8Max);
+  if constexpr (op == Op::kFp8) out.v_scales[at] = fp8_group_scale(vmax);
 }
 
 template <Op op>
@@ -748,7 +749,7 @@ __device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const f
     float a = red[0][0];
 #pragma unroll
     for (int v = 1; v < kWarps; ++v) a = fmaxf(a, red[0][v]);
-    const float s = __fdiv_rn(a, kFp8Max);
+    const float s = fp8_group_scale(a);
     if (threadIdx.x == 0) out.k_scales[static_cast<int64_t>(d.h) * out.k_scale_row + d.canonical] = s;
     k_scale = fp8_scale(s);
   }
@@ -759,7 +760,7 @@ __device__ __forceinline__ void fp8_rows(const uint32_t (&w)[kRawWords], const f
     if (rs + kRowSlices * i >= d.n) break;
     float x[kGroup];
     row_minus(w, i, m, x);
-    const float s = is_q ? __fdiv_rn(row_amax[i], kFp8Max) : 0.0f;
+    const float s = is_q ? fp8_group_scale(row_amax[i]) : 0.0f;
     const Fp8Scale sc = is_q ? fp8_scale(s) : k_scale;
     *reinterpret_cast<uint4*>(codes + i * kRowSlices * kHeadDim) = fp8_codes16(x, sc);
     if (is_q && j == 0) out.q_scales[row0 + i * kRowSlices] = s;

@@ -3,10 +3,10 @@
 // block that the TMA thread staged (QStaging, one item ahead) into the E4M3 codes that the
 // consumers' QK^T reads from sm.q, and write the rows' scales to q_scales.
 //
-// Why: the pre-pass is DRAM-bound, and Q's round trip through the workspace (BF16 read, codes and
-// scales written, codes read back by the kernel) is ~1.3 GB of its ~5.7 GB at 61,440 x 56 (-0.33
-// ms a call without it, benchmarks/RESULTS.md, ninth session). Inside the kernel Q is read once,
-// while the tensor cores are the bound. The ninth session's consumers quantising their own rows
+// Why: the pre-pass is DRAM-bound, and its Q work (BF16 read, codes and scales written) is ~1.3 GB
+// of its ~5.7 GB at 61,440 x 56 (-0.33 ms a call without it, benchmarks/RESULTS.md, ninth
+// session). The kernel then reads the BF16 block (0.88 GB in all) instead of the codes (0.44 GB),
+// but while the tensor cores, not DRAM, are its bound. The ninth session's consumers quantising their own rows
 // cost 1-4 % (their tile loop's schedule moved); here the consumers only read their scales after
 // the q_full wait, which the fifteenth session measured as production's speed.
 //
@@ -57,10 +57,11 @@ __device__ __forceinline__ float amax_of(const uint4& x, float a) {
   return fmaxf(a, fabsf(q_bf16_hi(x.w)));
 }
 
-// The row scale s = fl(amax / 448) and its reciprocal fl(1 / s) (0 for s = 0 or inf), the
-// values the pre-pass gets from __fdiv_rn and __frcp_rn (quantize::fp8_scale), without their
-// slow-path calls, whose stack frame the producer warpgroup's 24 registers cannot spare. Each
-// is computed in FP64 and rounded once to FP32, which is exact here:
+// The row scale s = fl(amax / 448), 0 below 2^-126 (SPEC 4.1), and its reciprocal fl(1 / s)
+// (0 for s = 0 or inf): the values the pre-pass gets from __fdiv_rn and __frcp_rn
+// (quantize::fp8_group_scale, quantize::fp8_scale), without their slow-path calls, whose stack
+// frame the producer warpgroup's 24 registers cannot spare. Each is computed in FP64 and
+// rounded once to FP32, which is exact here:
 //  - amax is the largest |x| of BF16 values, so amax = A 2^k with an integer A < 2^8 and
 //    k >= -133. Then amax / 448 = A / 7 2^(k - 6) is an FP32 value (7 divides A) or lies at
 //    least a 14th of an FP32 grid step 2^g from every rounding midpoint: its distance to one is
@@ -70,11 +71,12 @@ __device__ __forceinline__ float amax_of(const uint4& x, float a) {
 //  - 1 / s = 2^-j / S for the integer significand S < 2^24 of s: an FP32 value (S a power of
 //    two) or at least 2^-25 of a grid step from every midpoint (the same argument). Two Newton
 //    steps from rcp.approx.f64 bring the FP64 reciprocal to ~2^-52 relative error, about 2^-28
-//    of a grid step; a reciprocal past FLT_MAX rounds to inf as __frcp_rn's does.
+//    of a grid step (and s >= 2^-126 keeps 1 / s <= 2^126, finite).
 // tests/kernels/test_attention_fp8_wgmma_gpu.py (test_q_in_kernel_scales_on_every_bf16_magnitude)
 // checks the scales against the pre-pass's on every BF16 magnitude.
 __device__ __forceinline__ quantize::Fp8Scale fp8_q_scale(float amax, float& s) {
   s = __double2float_rn(static_cast<double>(amax) * (1.0 / 448.0));
+  if (s < quantize::kFp32MinNormal) s = 0.0f;
   if (!(s > 0.0f) || isinf(s)) return {0.0f, s == 0.0f ? 0u : ~0u};  // 1 / inf = 0 keeps its codes
   const double d = s;
   double y = ptx::rcp_approx_f64(d);
@@ -100,10 +102,11 @@ __device__ __forceinline__ uint2 codes8(const uint4& x, const quantize::Fp8Scale
 //   codes   once the consumers released sm.q (q_empty), the amax phase's rows again: byte c of
 //           row r at 16-byte chunk (c / 16) ^ (r % 8), the 128-byte swizzle of the consumers'
 //           descriptors
-// The division and reciprocal (whose slow paths are calls) run in the scales phase, where little
-// is live: the producer warpgroup has 24 registers. The staged block is read twice rather than
-// held, through 32-bit shared addresses (a generic pointer costs two registers).
-template <int kCtas, class Smem>
+// The producer warpgroup has 24 registers: the scales (fp8_q_scale, no slow-path calls) get a
+// phase of their own, where little is live, and the staged block is read twice rather than held,
+// through 32-bit shared addresses (a generic pointer costs two registers). kWaitSleepNs: the
+// suspend-time hint of the quantizers' waits (the build's, as the producer's).
+template <int kCtas, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& plan, const ItemSchedule& schedule,
                                                   float* q_scales, int tokens, int thread) {
   QStaging& qs = q_staging(sm);
@@ -121,7 +124,7 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
   auto parity = [&](int i) { return static_cast<uint32_t>(i - schedule.begin()) & 1u; };
 #pragma unroll 1
   for (int i = schedule.begin(); i < schedule.end(); ++i) {
-    ptx::mbarrier_wait_suspend<kProducerWaitSleepNs>(&qs.full, parity(i));
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&qs.full, parity(i));
 #pragma unroll 1
     for (int r = 4 * warp + ((thread >> 3) & 3); r < kBlockRows; r += 4 * kQQuantizerWarps) {
       const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
@@ -143,7 +146,7 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
       if (it.row_begin + r < it.row_end) q_scales[static_cast<int64_t>(it.head) * tokens + it.row_begin + r] = s;
     }
     ptx::named_barrier_sync(kQuantizers, kQQuantizerThreads);
-    ptx::mbarrier_wait_suspend<kProducerWaitSleepNs>(&sm.q_empty, parity(i) ^ 1u);  // sm.q is free
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, parity(i) ^ 1u);  // sm.q is free
 #pragma unroll 1
     for (int r = 4 * warp + ((thread >> 3) & 3); r < kBlockRows; r += 4 * kQQuantizerWarps) {
       const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
