@@ -38,6 +38,7 @@ Entry points
   ===========  =====  ==================  ====================================================
 
   Padded V columns (past a segment's last key, up to its multiple of 64) hold code 0, scale 0.
+  An FP8 scale below 2^-126 is 0 with its codes (SPEC 4.1, ``formats.fp8_scale``).
 
 - ``nvfp4_fp16_operands``: the same NVFP4 operands as the Hopper kernel reads them (layout
   ``nvfp4_fp16``, backend ``wgmma_fp16_nvfp4``), each value ``s * code`` exactly, as FP16:
