@@ -95,17 +95,25 @@ __device__ __forceinline__ uint2 codes8(const uint4& x, const quantize::Fp8Scale
 // phases a block, the 96 threads meeting on a named barrier between them:
 //   amax    lane 8 sub + j of warp `warp` (0..2) reads 16-byte chunk j of both atoms (channels
 //           8j..8j+7 and 64 + 8j..+7: the eight lanes of a row read 128 contiguous bytes of each
-//           atom, conflict-free) of rows 4 quad + sub, quad = warp, warp + 3, ...; the eight
-//           lanes of a row are consecutive, so xor-shuffles 1, 2, 4 give the row's amax
+//           atom, conflict-free) of row quad_row(quad, sub) for quad = warp, warp + 3, ...; the
+//           eight lanes of a row are consecutive, so xor-shuffles 1, 2, 4 give the row's amax
 //   scales  thread t: rows t and t + 96, s = fl(amax / 448) and 1 / s, to shared memory, and s
 //           to q_scales for the item's own rows (none for a cluster pair's kNoRows entry)
 //   codes   once the consumers released sm.q (q_empty), the amax phase's rows again: byte c of
 //           row r at 16-byte chunk (c / 16) ^ (r % 8), the 128-byte swizzle of the consumers'
-//           descriptors
+//           descriptors. A warp's four rows (quad_row) are two with r % 8 < 4 and two with
+//           r % 8 >= 4: each half of a row's codes then lands in the other 64-byte bank half
+//           for the second pair, so an 8-byte store of the warp takes 2 wavefronts, not 4
 // The producer warpgroup has 24 registers: the scales (fp8_q_scale, no slow-path calls) get a
 // phase of their own, where little is live, and the staged block is read twice rather than held,
 // through 32-bit shared addresses (a generic pointer costs two registers). kWaitSleepNs: the
 // suspend-time hint of the quantizers' waits (the build's, as the producer's).
+// Row `sub` (0..3) of the quantizers' row group `quad` (0..31): rows 8m + {0, 1, 4, 5} for even
+// quad = 2m, 8m + {2, 3, 6, 7} for odd ones (every row once).
+__device__ __forceinline__ int quad_row(int quad, int sub) {
+  return 8 * (quad >> 1) + 2 * (quad & 1) + (sub & 1) + 4 * (sub >> 1);
+}
+
 template <int kCtas, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& plan, const ItemSchedule& schedule,
                                                   float* q_scales, int tokens, int thread) {
@@ -126,7 +134,8 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
   for (int i = schedule.begin(); i < schedule.end(); ++i) {
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&qs.full, parity(i));
 #pragma unroll 1
-    for (int r = 4 * warp + ((thread >> 3) & 3); r < kBlockRows; r += 4 * kQQuantizerWarps) {
+    for (int quad = warp; quad < kBlockRows / 4; quad += kQQuantizerWarps) {
+      const int r = quad_row(quad, (thread >> 3) & 3);
       const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
       float amax = amax_of(ptx::ld_shared_v4_b32(in + QStaging::kAtomBytes),
                            amax_of(ptx::ld_shared_v4_b32(in), 0.0f));
@@ -148,7 +157,8 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
     ptx::named_barrier_sync(kQuantizers, kQQuantizerThreads);
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, parity(i) ^ 1u);  // sm.q is free
 #pragma unroll 1
-    for (int r = 4 * warp + ((thread >> 3) & 3); r < kBlockRows; r += 4 * kQQuantizerWarps) {
+    for (int quad = warp; quad < kBlockRows / 4; quad += kQQuantizerWarps) {
+      const int r = quad_row(quad, (thread >> 3) & 3);
       const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
       const float s = __uint_as_float(ptx::ld_shared_b32(amax_at + 4u * r));
       const quantize::Fp8Scale sc{__uint_as_float(ptx::ld_shared_b32(recip_at + 4u * r)), s == 0.0f ? 0u : ~0u};
