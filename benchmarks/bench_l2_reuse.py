@@ -75,6 +75,9 @@ def main() -> None:
                      if between else [])
             warm = statistics.median(
                 time_read(x, [x, *other], sweep) for _ in range(args.iters)) - base
+            if cold <= 0 or warm <= 0:  # within the overhead's noise: nothing to report
+                print(f"{size:4d} MiB: below the launch overhead's resolution", flush=True)
+                continue
             print(f"{size:4d} MiB: cold {cold * 1e3:8.1f} us ({size * MB / cold / 1e6:6.0f} GB/s), "
                   f"re-read after {between:3d} MiB of other reads {warm * 1e3:8.1f} us "
                   f"({size * MB / warm / 1e6:6.0f} GB/s): saves {100 * (1 - warm / cold):5.1f} %",

@@ -254,7 +254,7 @@ def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
     make the group's zeros NaN codes)."""
     _check_float32(amax, "amax")
     s = div_rn(amax, E4M3_MAX)
-    return torch.where(s < FP32_MIN_NORMAL, torch.zeros((), device=s.device), s)
+    return torch.where(s < FP32_MIN_NORMAL, s.new_zeros(()), s)
 
 
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,11 @@ FP8 regions (codes are E4M3 with sign, scales FP32):
 ==========  =====  ===========================  ==============================================
 kbar        f32    [S, H, 128]                  per-segment mean of k
 q_codes     u8     [H, T, 128]                  E4M3 codes of q (no smoothing)
-q_scales    f32    [H, T]                       per-token scale amax/448
+q_scales    f32    [H, T]                       per-token scale amax/448 (0 below 2^-126)
 k_codes     u8     [H, T, 128]                  E4M3 codes of K' = k - kbar
 k_scales    f32    [H, q_blocks_cap]            per 128-key block (same numbering as Q blocks)
 v_codes     u8     [H, 128, vkeys_cap]          V transposed, padded as for NVFP4, FP8 key order
-v_scales    f32    [S, H, 128]                  per (segment, channel) scale amax/448
+v_scales    f32    [S, H, 128]                  per (segment, channel) scale amax/448 (ditto)
 ==========  =====  ===========================  ==============================================
 
 FP8 Hopper layout (``fp8_sm90``, the kernel ``wgmma_fp8``): the FP8 regions, then

@@ -255,16 +255,17 @@ def test_benchmark_builds_match_production(
                          ids=["q-in-kernel", "q-in-kernel-clusters"])
 @pytest.mark.parametrize(("lengths", "kind"),
                          [([1, 16, 0, 145, 138, 400, 800], "heavy"), ([4097], "biased"),
-                          ([9000, 300, 5000, 2084], "gauss")],
-                         ids=["packed-heavy", "4097-biased", "mixed-16384"])
+                          ([9000, 300, 5000, 2084], "gauss"), ([300, 0, 700], "tiny")],
+                         ids=["packed-heavy", "4097-biased", "mixed-16384", "tiny"])
 def test_q_quantised_in_the_kernel_matches_production(
     module: Any, flags: dict[str, Any], lengths: list[int], kind: str
 ) -> None:
     """The ``q_in_kernel`` build quantises Q from the BF16 q itself (sm90/fp8_q_quantizer.cuh)
     with the pre-pass's arithmetic: with the workspace's Q codes poisoned (E4M3 NaN) and its Q
     scales NaN, its output equals production's bit for bit and it rewrites every scale as the
-    pre-pass wrote it. Zero rows (s = 0) and rows of magnitudes over decades included; with
-    clusters of two CTAs too (a pair's kNoRows entry writes no scale)."""
+    pre-pass wrote it. Zero rows (s = 0), rows of magnitudes over decades and ~1e-37 rows (scales
+    flushed to 0, SPEC 4.1) included; with clusters of two CTAs too (a pair's kNoRows entry writes
+    no scale)."""
     from test_attention_fp8_mma_sync_gpu import prepare, run_kernel
     from test_attention_nvfp4_gpu import bounds_of
 

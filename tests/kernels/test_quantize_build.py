@@ -948,6 +948,7 @@ def test_emulated_fp8_launches_without_q(emulator, bounds: list[int], heads: int
         # 1, 15-17, 63-65, 127-129, several heads.
         ("nvfp4_fp16", _FP16_BOUNDS, 3, "biased", 7, 0, 3),
         ("nvfp4_fp16", _FP16_BOUNDS, 2, "heavy", 5, 1, 3),  # copies land at the issue
+        ("nvfp4_fp16", _FP16_BOUNDS, 3, "tiny", 7, 0, 3),
         ("nvfp4_fp16", _FP16_BOUNDS, 2, "gaussian", 4, 0, 2),
         ("nvfp4_fp16", [0, 640], 13, "gaussian", 1, 0, 3),  # one CTA walks every item
         ("nvfp4_fp16", [0, 130, 135, 135, 300], 64, "heavy", 50, 0, 3),

@@ -6,14 +6,15 @@
 // Why: the pre-pass is DRAM-bound, and its Q work (BF16 read, codes and scales written) is ~1.3 GB
 // of its ~5.7 GB at 61,440 x 56 (-0.33 ms a call without it, benchmarks/RESULTS.md, ninth
 // session). The kernel then reads the BF16 block (0.88 GB in all) instead of the codes (0.44 GB),
-// but while the tensor cores, not DRAM, are its bound. The ninth session's consumers quantising their own rows
-// cost 1-4 % (their tile loop's schedule moved); here the consumers only read their scales after
-// the q_full wait, which the fifteenth session measured as production's speed.
+// but while the tensor cores, not DRAM, are its bound. The ninth session's consumers quantising
+// their own rows cost 1-4 % (their tile loop's schedule moved); here the consumers only read their
+// scales after the q_full wait, which the fifteenth session measured as production's speed.
 //
 // Arithmetic: the pre-pass's (quantize/prepass.cuh fp8_rows, docs/spec.md 4.1), so the codes and
-// scales are bit-identical to the workspace's: per token s = fl(amax / 448) (__fdiv_rn), codes
-// rn_e4m3(fl(x * rcp_rn(s))) with saturation, all zero for s = 0. Rows past the tensor are TMA
-// zeros (codes 0); rows of the next segment in a segment's last block are quantised like any
+// scales are bit-identical to the workspace's: per token s = fl(amax / 448) (__fdiv_rn), 0 below
+// 2^-126, codes rn_e4m3(fl(x * rcp_rn(s))) with saturation, all zero for s = 0. Rows past the
+// tensor are TMA zeros (codes 0); rows of the next segment in a segment's last block are quantised
+// like any
 // row (the consumers give them a zero scale and store nothing), and only the item's own rows'
 // scales are written.
 //
@@ -110,6 +111,7 @@ __device__ __forceinline__ uint2 codes8(const uint4& x, const quantize::Fp8Scale
 // suspend-time hint of the quantizers' waits (the build's, as the producer's).
 // Row `sub` (0..3) of the quantizers' row group `quad` (0..31): rows 8m + {0, 1, 4, 5} for even
 // quad = 2m, 8m + {2, 3, 6, 7} for odd ones (every row once).
+static_assert(kBlockRows % 8 == 0, "quad_row: whole periods of the 8-row swizzle");
 __device__ __forceinline__ int quad_row(int quad, int sub) {
   return 8 * (quad >> 1) + 2 * (quad & 1) + (sub & 1) + 4 * (sub >> 1);
 }
@@ -164,7 +166,8 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
       const quantize::Fp8Scale sc{__uint_as_float(ptx::ld_shared_b32(recip_at + 4u * r)), s == 0.0f ? 0u : ~0u};
       // (s = inf: recip 0 and keep: the codes of x * 0, as the pre-pass's.)
       const uint32_t row = codes + static_cast<uint32_t>(r * 128 + 8 * (j & 1));
-      ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((j >> 1) ^ (r & 7)) << 4), codes8(ptx::ld_shared_v4_b32(in), sc));
+      ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((j >> 1) ^ (r & 7)) << 4),
+                            codes8(ptx::ld_shared_v4_b32(in), sc));
       ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((4 + (j >> 1)) ^ (r & 7)) << 4),
                             codes8(ptx::ld_shared_v4_b32(in + QStaging::kAtomBytes), sc));
     }
