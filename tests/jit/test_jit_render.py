@@ -215,7 +215,7 @@ def test_flags_order_does_not_matter() -> None:
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
              "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1,",
-             "/*q_in_kernel=*/false>"],
+             "/*q_in_kernel=*/0>"],
         ),
         (
             "fp8_wgmma",
@@ -225,7 +225,7 @@ def test_flags_order_does_not_matter() -> None:
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
-             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/true>"],
+             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1>"],
         ),
         (
             "nvfp4_wgmma",
@@ -267,12 +267,13 @@ def test_prepass_cta_cap_reaches_the_quantize_binding(module: str, flags: dict, 
     assert "qz::launch_quantize<kQuantizeStages, kPrepassMaxCtas, kPrepassWithQ>(" in text
 
 
-@pytest.mark.parametrize(("flags", "with_q"), [({}, "true"), ({"q_in_kernel": True}, "false")])
-def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str) -> None:
+@pytest.mark.parametrize(("flags", "with_q", "mode"),
+                         [({}, "true", 0), ({"q_in_kernel": True}, "false", 1),
+                          ({"q_in_kernel": 2}, "false", 2)])
+def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str, mode: int) -> None:
     # The q_in_kernel build: the kernel quantises Q (Fp8Options' last argument) and the module's
     # pre-pass, rendered with the same flags, skips its Q items (launch_quantize's kWithQ).
     spec = make_spec(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags))
     text = "\n".join(source for _, source in spec.sources)
     assert f"constexpr bool kPrepassWithQ = {with_q};" in text
-    kernel_flag = "false" if with_q == "true" else "true"
-    assert f"/*q_in_kernel=*/{kernel_flag}>;" in text
+    assert f"/*q_in_kernel=*/{mode}>;" in text

@@ -251,8 +251,9 @@ def test_benchmark_builds_match_production(
     assert torch.equal(base, variant)
 
 
-@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2}],
-                         ids=["q-in-kernel", "q-in-kernel-clusters"])
+@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2},
+                                   {"q_in_kernel": 2}],
+                         ids=["q-in-kernel", "q-in-kernel-clusters", "q-in-kernel-per-consumer"])
 @pytest.mark.parametrize(("lengths", "kind"),
                          [([1, 16, 0, 145, 138, 400, 800], "heavy"), ([4097], "biased"),
                           ([9000, 300, 5000, 2084], "gauss"), ([300, 0, 700], "tiny")],
@@ -265,7 +266,7 @@ def test_q_quantised_in_the_kernel_matches_production(
     scales NaN, its output equals production's bit for bit and it rewrites every scale as the
     pre-pass wrote it. Zero rows (s = 0), rows of magnitudes over decades and ~1e-37 rows (scales
     flushed to 0, SPEC 4.1) included; with clusters of two CTAs too (a pair's kNoRows entry writes
-    no scale)."""
+    no scale); and with one Q hand-off per consumer (q_in_kernel = 2)."""
     from test_attention_fp8_mma_sync_gpu import prepare, run_kernel
     from test_attention_nvfp4_gpu import bounds_of
 

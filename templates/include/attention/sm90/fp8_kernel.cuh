@@ -327,7 +327,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, bool QInKernelOn = false>
+          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -354,8 +354,12 @@ struct Fp8Options {
   // the producer stages each item's BF16 block, warps 1-3 of its warpgroup write the codes and
   // scales, and the consumers read their rows' scales after the q_full wait. The pre-pass may
   // then skip Q.
-  static constexpr bool kQInKernel = QInKernelOn;
-  static_assert(!QInKernelOn || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
+  // 1: one hand-off of the whole block (q_full, q_empty); 2: one per consumer, each consumer's rows
+  // written as soon as it released them (QStaging::q_full / q_empty).
+  static constexpr bool kQInKernel = QInKernel != 0;
+  static constexpr bool kQPerConsumer = QInKernel == 2;
+  static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
+  static_assert(QInKernel == 0 || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
                 "Q quantised in the kernel: 256-key tiles and the static item order");
   static_assert(ClusterCtas == 1 || (ClusterCtas == 2 && TileKeys == 2 * sm90::kTileKeys && !DynamicOrder && CopyKvOn),
                 "clusters of two CTAs: 256-key tiles (one half a CTA), the static item order and every copy");
@@ -507,9 +511,28 @@ __device__ __forceinline__ void release_pv_256(float (&otmp)[64], uint32_t (&pa_
   if (signals_for_warpgroup()) release_slot<kCtas>(&sm.v_empty[stage]);
 }
 
-// After QK^T of 256-key tile t completed: release its K tile (and the Q block after the last
+// The barriers of the Q rows a consumer reads: the block's (kHandoff < 0), or consumer kHandoff's
+// own pair in the staging area (the q_in_kernel = 2 build's per-consumer hand-off).
+template <int kHandoff, class Smem>
+__device__ __forceinline__ uint64_t* q_full_of(Smem& sm) {
+  if constexpr (kHandoff < 0) {
+    return &sm.q_full;
+  } else {
+    return &q_staging(sm).q_full[kHandoff];
+  }
+}
+template <int kHandoff, class Smem>
+__device__ __forceinline__ uint64_t* q_empty_of(Smem& sm) {
+  if constexpr (kHandoff < 0) {
+    return &sm.q_empty;
+  } else {
+    return &q_staging(sm).q_empty[kHandoff];
+  }
+}
+
+// After QK^T of 256-key tile t completed: release its K tile (and the Q rows after the last
 // tile), then the softmax that makes P of tile t, both halves.
-template <int kPolyExp2Every, int kCtas, class Smem>
+template <int kPolyExp2Every, int kCtas, int kHandoff = -1, class Smem>
 __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
                                               uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm, RingSlot& slot,
                                               const WorkItem& it, int t, int tiles, float sk0, float sk1, float c,
@@ -518,7 +541,7 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   ptx::fence_operands(s_hi);
   if (signals_for_warpgroup()) {
     release_slot<kCtas>(&sm.k_empty[slot.stage<Smem::kStages>()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+    if (t == tiles - 1) ptx::mbarrier_arrive(q_empty_of<kHandoff>(sm));
   }
   const int valid = it.seg_len - t * 2 * kTileKeys;
   if (valid < 2 * kTileKeys) {
@@ -553,6 +576,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
+  constexpr int kHandoff = Opt::kQPerConsumer ? consumer : -1;  // whose Q barriers (q_full_of)
 
   float s_lo[64], s_hi[64], otmp[64], o[64];
   uint32_t pa_lo[16], pa_hi[16];
@@ -573,7 +597,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
     if constexpr (Opt::kQInKernel) {
       // The scales are this kernel's own writes (the quantizer warps'), visible after the q_full
       // wait, and read through L2 (ld.global.cg), not the non-coherent path.
-      ptx::mbarrier_wait(&sm.q_full, items & 1u);
+      ptx::mbarrier_wait(q_full_of<kHandoff>(sm), items & 1u);
       st.reset(row0 < it.row_end ? __ldcg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldcg(qs + row0 + 8) : 0.0f);
     } else {
       st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
@@ -594,7 +618,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas, kHandoff>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1,
+                                                     p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -612,7 +637,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1, p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas, kHandoff>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1,
+                                                     p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -644,6 +670,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Opt::kQInKernel) {  // the Q staging area after the storage (QStaging)
       ptx::mbarrier_init(&q_staging(sm).full, 1);
       ptx::mbarrier_init(&q_staging(sm).empty, kQQuantizerThreads);
+      for (int c = 0; c < kConsumers; ++c) {
+        ptx::mbarrier_init(&q_staging(sm).q_full[c], kQQuantizerThreads);
+        ptx::mbarrier_init(&q_staging(sm).q_empty[c], 1);
+      }
       init_barriers<Opt::kClusterCtas>(sm, kQQuantizerThreads);  // fences these inits too
     } else {
       init_barriers<Opt::kClusterCtas>(sm);
@@ -667,8 +697,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (Opt::kQInKernel && threadIdx.x >= 32) {
       // q_scales is the workspace region the binding passes (writable; Fp8Params keeps it const
       // for the consumers' reads).
-      quantize_q_blocks<Opt::kClusterCtas, Opt::kWaitSleepNs>(sm, p.plan, p.schedule, const_cast<float*>(p.q_scales),
-                                                              p.tokens, static_cast<int>(threadIdx.x) - 32);
+      quantize_q_blocks<Opt::kClusterCtas, Opt::kWaitSleepNs, Opt::kQPerConsumer>(
+          sm, p.plan, p.schedule, const_cast<float*>(p.q_scales), p.tokens, static_cast<int>(threadIdx.x) - 32);
     }
     // A CTA's shared memory must outlive the peer's last copies into it and arrivals on its
     // barriers. The producer warpgroup keeps the CTA alive until every thread of the cluster

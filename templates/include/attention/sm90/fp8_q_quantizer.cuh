@@ -116,7 +116,10 @@ __device__ __forceinline__ int quad_row(int quad, int sub) {
   return 8 * (quad >> 1) + 2 * (quad & 1) + (sub & 1) + 4 * (sub >> 1);
 }
 
-template <int kCtas, uint32_t kWaitSleepNs, class Smem>
+// kPerConsumer (q_in_kernel = 2): the codes phase in two halves, consumer c's 64 rows (quads
+// 16c..16c + 15) once consumer c released them (QStaging::q_empty[c]), published on
+// QStaging::q_full[c]; else the whole block after sm.q_empty, published on sm.q_full.
+template <int kCtas, uint32_t kWaitSleepNs, bool kPerConsumer, class Smem>
 __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& plan, const ItemSchedule& schedule,
                                                   float* q_scales, int tokens, int thread) {
   QStaging& qs = q_staging(sm);
@@ -157,22 +160,27 @@ __device__ __forceinline__ void quantize_q_blocks(Smem& sm, const PlanTables& pl
       if (it.row_begin + r < it.row_end) q_scales[static_cast<int64_t>(it.head) * tokens + it.row_begin + r] = s;
     }
     ptx::named_barrier_sync(kQuantizers, kQQuantizerThreads);
-    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, parity(i) ^ 1u);  // sm.q is free
+    constexpr int kParts = kPerConsumer ? kConsumers : 1, kPartQuads = kBlockRows / 4 / kParts;
 #pragma unroll 1
-    for (int quad = warp; quad < kBlockRows / 4; quad += kQQuantizerWarps) {
-      const int r = quad_row(quad, (thread >> 3) & 3);
-      const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
-      const float s = __uint_as_float(ptx::ld_shared_b32(amax_at + 4u * r));
-      const quantize::Fp8Scale sc{__uint_as_float(ptx::ld_shared_b32(recip_at + 4u * r)), s == 0.0f ? 0u : ~0u};
-      // (s = inf: recip 0 and keep: the codes of x * 0, as the pre-pass's.)
-      const uint32_t row = codes + static_cast<uint32_t>(r * 128 + 8 * (j & 1));
-      ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((j >> 1) ^ (r & 7)) << 4),
-                            codes8(ptx::ld_shared_v4_b32(in), sc));
-      ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((4 + (j >> 1)) ^ (r & 7)) << 4),
-                            codes8(ptx::ld_shared_v4_b32(in + QStaging::kAtomBytes), sc));
+    for (int part = 0; part < kParts; ++part) {
+      // The rows are free (the consumers' last QK^T of the last item completed).
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(kPerConsumer ? &qs.q_empty[part] : &sm.q_empty, parity(i) ^ 1u);
+#pragma unroll 1
+      for (int quad = kPartQuads * part + warp; quad < kPartQuads * (part + 1); quad += kQQuantizerWarps) {
+        const int r = quad_row(quad, (thread >> 3) & 3);
+        const uint32_t in = raw + static_cast<uint32_t>(r * 128 + ((j ^ (r & 7)) << 4));
+        const float s = __uint_as_float(ptx::ld_shared_b32(amax_at + 4u * r));
+        const quantize::Fp8Scale sc{__uint_as_float(ptx::ld_shared_b32(recip_at + 4u * r)), s == 0.0f ? 0u : ~0u};
+        // (s = inf: recip 0 and keep: the codes of x * 0, as the pre-pass's.)
+        const uint32_t row = codes + static_cast<uint32_t>(r * 128 + 8 * (j & 1));
+        ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((j >> 1) ^ (r & 7)) << 4),
+                              codes8(ptx::ld_shared_v4_b32(in), sc));
+        ptx::st_shared_v2_b32(row + static_cast<uint32_t>(((4 + (j >> 1)) ^ (r & 7)) << 4),
+                              codes8(ptx::ld_shared_v4_b32(in + QStaging::kAtomBytes), sc));
+      }
+      ptx::fence_proxy_async_shared();  // this thread's codes, before the consumers' wgmmas read them
+      ptx::mbarrier_arrive(kPerConsumer ? &qs.q_full[part] : &sm.q_full);
     }
-    ptx::fence_proxy_async_shared();  // this thread's codes, before the consumers' wgmmas read them
-    ptx::mbarrier_arrive(&sm.q_full);
     ptx::mbarrier_arrive(&qs.empty);  // its reads of the block (and of amax / recip) are done
   }
 }

@@ -56,6 +56,10 @@ struct alignas(1024) QStaging {
   float recip[kBlockRows];  // and 1 / s (0 for s = 0 or inf)
   uint64_t full;   // the TMA thread's arrive.expect_tx plus the two boxes' bytes
   uint64_t empty;  // one arrival per quantizer thread once it read the block
+  // Per-consumer hand-off (q_in_kernel = 2): consumer c's 64 rows of sm.q are written once it
+  // released them and published on their own barrier, instead of the block's q_full / q_empty.
+  uint64_t q_full[2];   // one arrival per quantizer thread
+  uint64_t q_empty[2];  // consumer c's release (one arrival)
 };
 
 // The QStaging after a SharedStorage `sm` (of a kQStaging build's dynamic shared memory).
