@@ -511,22 +511,15 @@ __device__ __forceinline__ void release_pv_256(float (&otmp)[64], uint32_t (&pa_
   if (signals_for_warpgroup()) release_slot<kCtas>(&sm.v_empty[stage]);
 }
 
-// The barriers of the Q rows a consumer reads: the block's (kHandoff < 0), or consumer kHandoff's
-// own pair in the staging area (the q_in_kernel = 2 build's per-consumer hand-off).
-template <int kHandoff, class Smem>
-__device__ __forceinline__ uint64_t* q_full_of(Smem& sm) {
+// The full (kFull) or empty barrier of the Q rows a consumer reads: the block's (kHandoff < 0),
+// or consumer kHandoff's own pair in the staging area (the q_in_kernel = 2 build's per-consumer
+// hand-off).
+template <int kHandoff, bool kFull, class Smem>
+__device__ __forceinline__ uint64_t* q_barrier(Smem& sm) {
   if constexpr (kHandoff < 0) {
-    return &sm.q_full;
+    return kFull ? &sm.q_full : &sm.q_empty;
   } else {
-    return &q_staging(sm).q_full[kHandoff];
-  }
-}
-template <int kHandoff, class Smem>
-__device__ __forceinline__ uint64_t* q_empty_of(Smem& sm) {
-  if constexpr (kHandoff < 0) {
-    return &sm.q_empty;
-  } else {
-    return &q_staging(sm).q_empty[kHandoff];
+    return kFull ? &q_staging(sm).q_full[kHandoff] : &q_staging(sm).q_empty[kHandoff];
   }
 }
 
@@ -541,7 +534,7 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   ptx::fence_operands(s_hi);
   if (signals_for_warpgroup()) {
     release_slot<kCtas>(&sm.k_empty[slot.stage<Smem::kStages>()]);
-    if (t == tiles - 1) ptx::mbarrier_arrive(q_empty_of<kHandoff>(sm));
+    if (t == tiles - 1) ptx::mbarrier_arrive(q_barrier<kHandoff, false>(sm));
   }
   const int valid = it.seg_len - t * 2 * kTileKeys;
   if (valid < 2 * kTileKeys) {
@@ -576,7 +569,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
-  constexpr int kHandoff = Opt::kQPerConsumer ? consumer : -1;  // whose Q barriers (q_full_of)
+  constexpr int kHandoff = Opt::kQPerConsumer ? consumer : -1;  // whose Q barriers (q_barrier)
 
   float s_lo[64], s_hi[64], otmp[64], o[64];
   uint32_t pa_lo[16], pa_hi[16];
@@ -597,7 +590,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
     if constexpr (Opt::kQInKernel) {
       // The scales are this kernel's own writes (the quantizer warps'), visible after the q_full
       // wait, and read through L2 (ld.global.cg), not the non-coherent path.
-      ptx::mbarrier_wait(q_full_of<kHandoff>(sm), items & 1u);
+      ptx::mbarrier_wait(q_barrier<kHandoff, true>(sm), items & 1u);
       st.reset(row0 < it.row_end ? __ldcg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldcg(qs + row0 + 8) : 0.0f);
     } else {
       st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
