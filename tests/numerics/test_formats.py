@@ -409,6 +409,29 @@ def test_fp8_scale_below_the_normal_range_is_zero():
     assert codes.tolist() == [[0x7E, 0x00, 0xF6]]
 
 
+def test_fp64_row_scales_of_the_fp8_q_quantizer_are_exact():
+    """sm90/fp8_q_quantizer.cuh fp8_q_scale computes s = fl32(fl64(amax) * fl64(1/448)) and
+    1 / s by two FP64 Newton steps from rcp.approx.f64, each rounded once to FP32, and claims
+    both equal the pre-pass's __fdiv_rn(amax, 448) and __frcp_rn(s) for every BF16 amax. Checked
+    here for all 32,640 finite non-negative BF16 values: the quotient exactly, the reciprocal from
+    starting points off by up to 2^-14 relative in both directions (far worse than rcp.approx's)
+    with the Newton steps as separately rounded FP64 operations (looser than the kernel's FMAs).
+    The GPU test test_q_in_kernel_scales_on_every_bf16_magnitude checks the kernel itself."""
+    bits = torch.arange(0x7F81, dtype=torch.int32)[:-1].to(torch.int16)  # +0 .. max finite
+    amax = bits.view(torch.bfloat16).float()
+    want = F.fp8_scale(amax)  # __fdiv_rn, then the SPEC 4.1 flush below 2^-126
+    s = (amax.double() * (1.0 / 448.0)).float()
+    s = torch.where(s < F.FP32_MIN_NORMAL, torch.zeros_like(s), s)
+    assert torch.equal(s.view(torch.int32), want.view(torch.int32))
+    d = want[want > 0].double()
+    recip = (1.0 / d).float()  # fl32(fl64(1 / s)): correctly rounded (53 >= 2 * 24 + 2 bits)
+    for start in (1 + 2.0**-14, 1 - 2.0**-14, 1 + 2.0**-22, 1 - 2.0**-22):
+        y = (1.0 / d) * start
+        for _ in range(2):
+            y = y + y * (1.0 - d * y)
+        assert torch.equal(y.float().view(torch.int32), recip.view(torch.int32)), start
+
+
 def test_fp8_quantize_saturates_products_just_above_448():
     # amax * fp32(1 / fp32(amax / 448)) may round above 448: it must saturate, not become NaN.
     g = torch.Generator().manual_seed(3)
