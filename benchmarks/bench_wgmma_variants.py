@@ -17,7 +17,7 @@ as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and regis
 ``kv_copies=False`` (K and V copied into each ring slot once, later tiles
 reuse it: what their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two
 CTAs on pairs of query blocks sharing every K/V tile copy; its schedule from
-``Plan.schedule_for``); ``q_in_kernel=True`` (Q quantised from the BF16 q by the producer
+``Plan.schedule_for``); ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer
 warpgroup's warps 1-3 instead of read as the pre-pass's codes; its time includes that work;
 ``2``: each consumer's 64 rows handed over on a barrier of their own). Both:
 ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py: production 8),
@@ -86,7 +86,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
-        "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": True},
+        "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "ptxas register usage level 5 (production until 2026-12-04)": {"register_usage_level": 5},
         "ptxas register usage level 0": {"register_usage_level": 0},

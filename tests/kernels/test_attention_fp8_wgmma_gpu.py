@@ -227,7 +227,7 @@ T128 = {"tile_keys": 128, "poly_exp2_every": 32}
     ("flags", "base_flags"),
     [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
      ({"cluster_ctas": 2}, None), ({**T128, "dynamic_schedule": True}, T128),
-     ({"q_in_kernel": True}, None)],
+     ({"q_in_kernel": 1}, None)],
     ids=["ring-3", "no-ping-pong", "polling-waits", "clusters", "dynamic-order-128", "q-in-kernel"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
@@ -251,7 +251,7 @@ def test_benchmark_builds_match_production(
     assert torch.equal(base, variant)
 
 
-@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2},
+@pytest.mark.parametrize("flags", [{"q_in_kernel": 1}, {"q_in_kernel": 1, "cluster_ctas": 2},
                                    {"q_in_kernel": 2}],
                          ids=["q-in-kernel", "q-in-kernel-clusters", "q-in-kernel-per-consumer"])
 @pytest.mark.parametrize(("lengths", "kind"),
@@ -307,7 +307,7 @@ def test_q_in_kernel_scales_on_every_bf16_magnitude(module: Any) -> None:
     scales = call.views["q_scales"].clone()
     call.views["q_scales"].fill_(math.nan)
     call.views["q_codes"].fill_(0x7F)
-    variant = run_kernel(benchmark_build("fp8_wgmma", {"q_in_kernel": True}), call)
+    variant = run_kernel(benchmark_build("fp8_wgmma", {"q_in_kernel": 1}), call)
     assert torch.equal(call.views["q_scales"].view(torch.int32), scales.view(torch.int32))
     assert torch.equal(variant.view(torch.int16), base.view(torch.int16))
 

@@ -174,7 +174,7 @@ def test_clustered_build_shares_the_tile_copies(so: Path) -> None:
         build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={**T128, "cluster_ctas": 2}))
 
 
-@pytest.mark.parametrize("flags", [{"q_in_kernel": True}, {"q_in_kernel": True, "cluster_ctas": 2},
+@pytest.mark.parametrize("flags", [{"q_in_kernel": 1}, {"q_in_kernel": 1, "cluster_ctas": 2},
                                    {"q_in_kernel": 2}],
                          ids=["q-in-kernel", "q-in-kernel-clusters", "q-in-kernel-per-consumer"])
 def test_q_in_kernel_build(so: Path, flags: dict[str, object]) -> None:
