@@ -10,15 +10,18 @@ on all of them alike):
 - ``kernel alone``: the attention kernel (``launch.attention_only``) back to back, as the bench's
   "kernel only" row;
 - ``in call: pre-pass`` / ``in call: kernel``: one event between the two halves of each call,
-  so each part is timed where it runs in a real call (after the other one);
+  so each part is timed where it runs in a real call (after the other one); ``in call: both``:
+  the two halves' sum per call (the whole call less its host work: the row to compare between
+  production and a benchmark build, which has no public operator);
 - ``cuDNN bf16``: torch SDPA's cuDNN backend, the bar's yardstick.
 
-``--fp8-build FLAG=VALUE,...`` adds the same rows but the whole call's for a benchmark build of
-the Hopper FP8 module (KernelConfig flags, e.g. ``q_in_kernel=1``: its pre-pass without Q and
-its kernel quantising Q), so its pre-pass, kernel and in-call split sit beside production's.
+``--fp8-build FLAG=VALUE,...`` (repeatable) adds the same rows but the whole call's for a
+benchmark build of the Hopper FP8 module (KernelConfig flags, e.g. ``q_in_kernel=1``: its
+pre-pass without Q and its kernel quantising Q), so its pre-pass, kernel and in-call split sit
+beside production's.
 
     python benchmarks/bench_call_breakdown.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix]
-        [--iters 10] [--rounds 3] [--fp8-build q_in_kernel=1]
+        [--iters 10] [--rounds 3] [--fp8-build q_in_kernel=1 [--fp8-build q_in_kernel=2]]
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def fp8_build_peer(flags: dict[str, Any], q: Any, k: Any, v: Any, bounds: tuple[
 
 
 def run(preset_name: str, ops: list[str], iters: int, rounds: int,
-        fp8_build: dict[str, Any] | None = None) -> None:
+        fp8_builds: list[dict[str, Any]] | None = None) -> None:
     preset = PRESETS[preset_name]
     q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), 0)
     out = torch.empty_like(q)
@@ -83,12 +86,13 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int,
             print(f"{op}: no kernel backend on this GPU; skipped")
         else:
             peers.append((op, _operator(op), ko))
-    if fp8_build and torch.cuda.get_device_capability()[0] != 9:
+    if fp8_builds and torch.cuda.get_device_capability()[0] != 9:
         print("--fp8-build: the fp8_wgmma module is a Hopper (compute capability 9.0) module; "
               "skipped")
-    elif fp8_build:
-        label = "fp8 [" + ",".join(f"{key}={val}" for key, val in fp8_build.items()) + "]"
-        peers.append((label, None, fp8_build_peer(fp8_build, q, k, v, tuple(bounds), out)))
+    elif fp8_builds:
+        for flags in fp8_builds:
+            label = "fp8 [" + ",".join(f"{key}={val}" for key, val in flags.items()) + "]"
+            peers.append((label, None, fp8_build_peer(flags, q, k, v, tuple(bounds), out)))
     for r in range(rounds):
         for op, fn, ko in peers:
             ko.prime()  # the other op's calls may have reused the workspace
@@ -105,6 +109,8 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int,
             pre, ker = _split(launch, args, iters, 2)
             rows.setdefault(f"{op} in call: pre-pass", []).append(statistics.median(pre))
             rows.setdefault(f"{op} in call: kernel", []).append(statistics.median(ker))
+            rows.setdefault(f"{op} in call: both", []).append(
+                statistics.median([a + b for a, b in zip(pre, ker, strict=True)]))
         rows.setdefault("cuDNN bf16", []).append(_time_cuda(cudnn, iters, 2))
         print(f"{preset_name}: round {r + 1}/{rounds} done", flush=True)
     yardstick = statistics.median(rows["cuDNN bf16"])
@@ -124,19 +130,23 @@ def main() -> None:
                     help=f"comma-separated among {', '.join(PRESETS)}")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
-    ap.add_argument("--fp8-build", default="", metavar="FLAG=VALUE,...",
+    ap.add_argument("--fp8-build", action="append", default=[], metavar="FLAG=VALUE,...",
                     help="also a benchmark build of module fp8_wgmma with these KernelConfig "
-                    "flags (integer values), e.g. q_in_kernel=1")
+                    "flags (integer values), e.g. q_in_kernel=1; repeatable")
     args = ap.parse_args()
-    fp8_build: dict[str, Any] = {}
-    for part in filter(None, args.fp8_build.split(",")):
-        key, sep, value = part.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit():
-            ap.error(f"--fp8-build: expected FLAG=INTEGER, got {part!r}")
-        fp8_build[key.strip()] = int(value)
+    fp8_builds: list[dict[str, Any]] = []
+    for spec in args.fp8_build:
+        flags: dict[str, Any] = {}
+        for part in filter(None, spec.split(",")):
+            key, sep, value = part.partition("=")
+            if not sep or not value.strip().lstrip("-").isdigit():
+                ap.error(f"--fp8-build: expected FLAG=INTEGER, got {part!r}")
+            flags[key.strip()] = int(value)
+        if flags:
+            fp8_builds.append(flags)
     for name in args.preset.split(","):
         run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds,
-            fp8_build or None)
+            fp8_builds)
 
 
 if __name__ == "__main__":

@@ -1,87 +1,90 @@
-"""How much of a just-read buffer a second read finds in L2, by buffer size: the number that
-decides the "single pass over K and V" pre-pass lever (issues 11 and 12).
+"""How much of a just-read chunk a second read finds in L2, by chunk size: the number that decides
+the "single pass over K and V" pre-pass lever (issues 11 and 12).
 
 The pre-pass reads k and v twice (launch 1 for the segment statistics, launch 3 for the codes,
 templates/include/quantize/launch.cuh). A single persistent launch could quantise each (segment,
 head) right after its statistics, so that the second read comes from L2, but only if L2 keeps
 about one group's K and V (BF16: 15.7 MB for a 30,720-token segment, 31.5 MB for 61,440 tokens)
-while the next group streams past. This script measures that directly: for each size it times a
-read of a fresh buffer (cold: a 512 MB sweep evicts L2 first) and a read of the same buffer right
-after a first read (warm), optionally with ``--between MB`` of other traffic in between (the
-next group's statistics read). The saving of a warm read is what the second pass would save.
-Sizes are MiB; the launch and event overhead (a read of 4 KiB, printed first) is subtracted,
-since a read of a few MiB takes only microseconds.
+while the reads go on. This script models that on a 1 GiB buffer read in chunks of C MiB, each
+read one launch (a float sum, which streams at DRAM speed), all launches of a pattern timed as
+one sequence:
 
-    python benchmarks/bench_l2_reuse.py [--sizes 4,8,16,24,32,48,64] [--between 0,16]
-        [--iters 20]
+- ``once``: every chunk read once (1 GiB);
+- ``twice, apart``: the whole buffer read twice (2 GiB from DRAM: today's two passes);
+- ``twice, back to back``: each chunk read twice in a row (the single pass).
+
+The share of the second reads that L2 serves is (apart - back to back) / (apart - once): 1 when a
+re-read is free, 0 when it costs a DRAM read. (The first version timed single reads of a few MiB
+with an int64 sum, which upcasts through a temporary and ran at ~600 GB/s: launch- and
+write-bound, it could not see L2.)
+
+    python benchmarks/bench_l2_reuse.py [--chunks 4,8,16,32,64] [--iters 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 
 import torch
 
 MB = 1 << 20
+TOTAL_MB = 1024
 
 
 def _read(x: torch.Tensor) -> torch.Tensor:
-    # One streaming read of every byte (a reduction writes almost nothing back).
-    return x.view(torch.int32).sum(dtype=torch.int64)
+    # One streaming read of every byte (a float reduction writes almost nothing back).
+    return x.sum()
 
 
-def time_read(x: torch.Tensor, before: list[torch.Tensor], sweep: torch.Tensor) -> float:
-    """ms of one read of ``x`` after an L2-evicting sweep and then reads of ``before``."""
-    _read(sweep)
-    for b in before:
-        _read(b)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    _read(x)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def overhead_ms(sweep: torch.Tensor, iters: int) -> float:
-    """ms of a read of 4 KiB: the launch and event cost included in every timing."""
-    tiny = torch.ones(1024, dtype=torch.int32, device=sweep.device)
-    return statistics.median(time_read(tiny, [], sweep) for _ in range(iters))
+def time_ms(fn: Callable[[], None], iters: int) -> float:
+    fn()  # warm-up (and the reduction's workspace)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="4,8,16,24,32,48,64", help="buffer sizes in MiB")
-    ap.add_argument("--between", default="0,16",
-                    help="MiB of other reads between the first and the timed read")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--chunks", default="4,8,16,32,64", help="chunk sizes in MiB")
+    ap.add_argument("--iters", type=int, default=5)
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    betweens = [int(s) for s in args.between.split(",")]
-    if min(sizes) <= 0 or min(betweens) < 0 or args.iters < 1:
-        ap.error("sizes must be > 0 MB, --between >= 0 MB and --iters >= 1")
+    chunks = [int(s) for s in args.chunks.split(",")]
+    if min(chunks) <= 0 or max(chunks) > TOTAL_MB or args.iters < 1:
+        ap.error(f"chunk sizes must be in 1..{TOTAL_MB} MiB and --iters >= 1")
     dev = torch.device("cuda", torch.cuda.current_device())
-    sweep = torch.ones(512 * MB // 4, dtype=torch.int32, device=dev)
+    buf = torch.rand(TOTAL_MB * MB // 4, device=dev)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size / MB
-    base = overhead_ms(sweep, args.iters)
-    print(f"{torch.cuda.get_device_name(dev)}, L2 {l2:.0f} MiB; overhead {base * 1e3:.1f} us, "
-          f"subtracted below")
-    for size in sizes:
-        x = torch.ones(size * MB // 4, dtype=torch.int32, device=dev)
-        cold = statistics.median(time_read(x, [], sweep) for _ in range(args.iters)) - base
-        for between in betweens:
-            other = ([torch.ones(between * MB // 4, dtype=torch.int32, device=dev)]
-                     if between else [])
-            warm = statistics.median(
-                time_read(x, [x, *other], sweep) for _ in range(args.iters)) - base
-            if cold <= 0 or warm <= 0:  # within the overhead's noise: nothing to report
-                print(f"{size:4d} MiB: below the launch overhead's resolution", flush=True)
-                continue
-            print(f"{size:4d} MiB: cold {cold * 1e3:8.1f} us ({size * MB / cold / 1e6:6.0f} GB/s), "
-                  f"re-read after {between:3d} MiB of other reads {warm * 1e3:8.1f} us "
-                  f"({size * MB / warm / 1e6:6.0f} GB/s): saves {100 * (1 - warm / cold):5.1f} %",
-                  flush=True)
+    print(f"{torch.cuda.get_device_name(dev)}, L2 {l2:.0f} MiB; a {TOTAL_MB} MiB buffer in chunks")
+    for chunk in chunks:
+        parts = list(buf.split(chunk * MB // 4))
+
+        def once(parts: list[torch.Tensor] = parts) -> None:
+            for p in parts:
+                _read(p)
+
+        def apart(parts: list[torch.Tensor] = parts) -> None:
+            for _ in range(2):
+                for p in parts:
+                    _read(p)
+
+        def back_to_back(parts: list[torch.Tensor] = parts) -> None:
+            for p in parts:
+                _read(p)
+                _read(p)
+
+        t1, t2, tb = (time_ms(f, args.iters) for f in (once, apart, back_to_back))
+        served = (t2 - tb) / (t2 - t1) if t2 > t1 else float("nan")
+        print(f"{chunk:4d} MiB chunks: once {t1:7.3f} ms ({TOTAL_MB * MB / t1 / 1e9:5.2f} TB/s), "
+              f"twice apart {t2:7.3f} ms, twice back to back {tb:7.3f} ms: "
+              f"L2 serves {100 * served:5.1f} % of the second reads", flush=True)
 
 
 if __name__ == "__main__":

@@ -132,18 +132,18 @@ if [[ $what == breakdown ]]; then
 fi
 
 if [[ $what == qin ]]; then
-    # Q quantised inside the FP8 kernel (benchmark build q_in_kernel, twentieth session, built
-    # and tested on the CPU only): its GPU tests, its kernel beside production's, its pre-pass
-    # without Q and kernel beside production's whole call (h3-mix and h3-10s), then the L2 reuse
-    # that decides the single-pass pre-pass. About 8 minutes with a carried JIT cache.
+    # Q quantised inside the FP8 kernel (benchmark builds q_in_kernel=1 and 2, twentieth
+    # session): their GPU tests, then each build's call (its pre-pass without Q, then its kernel)
+    # against production's, the three presets in 5 interleaved rounds ("in call: both" rows),
+    # then the L2 reuse that decides the single-pass pre-pass. About 6 minutes with a carried
+    # JIT cache.
     {
         timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -x \
-            -k "q_quantised or q-in-kernel or every_bf16_magnitude or item_counter or item_schedule" \
+            -k "q_quantised or q-in-kernel or every_bf16_magnitude" \
             tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 15
-        timeout 200 python3 benchmarks/bench_wgmma_variants.py --op fp8 \
-            --preset h3-10s,h3-mix,h3-15s-sp4 --only "Q quantised" --iters 5 --rounds 3
-        timeout 200 python3 benchmarks/bench_call_breakdown.py --op fp8 --preset h3-mix,h3-10s \
-            --iters 10 --rounds 3 --fp8-build q_in_kernel=1
+        timeout 300 python3 benchmarks/bench_call_breakdown.py --op fp8 \
+            --preset h3-mix,h3-10s,h3-15s-sp4 --iters 10 --rounds 5 \
+            --fp8-build q_in_kernel=1 --fp8-build q_in_kernel=2
         timeout 100 python3 benchmarks/bench_l2_reuse.py
     } 2>&1 | tee "$OUT/qin.log"
 fi
