@@ -142,7 +142,7 @@ def main() -> None:
             if not sep or not value.strip().lstrip("-").isdigit():
                 ap.error(f"--fp8-build: expected FLAG=INTEGER, got {part!r}")
             flags[key.strip()] = int(value)
-        if flags:
+        if flags and flags not in fp8_builds:  # a repeated build would merge into one row
             fp8_builds.append(flags)
     for name in args.preset.split(","):
         run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds,

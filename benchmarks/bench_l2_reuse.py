@@ -1,22 +1,25 @@
-"""How much of a just-read chunk a second read finds in L2, by chunk size: the number that decides
-the "single pass over K and V" pre-pass lever (issues 11 and 12).
+"""What re-reading a just-read chunk saves against a second DRAM read, by chunk size: the number
+that decides the "single pass over K and V" pre-pass lever (issues 11 and 12).
 
 The pre-pass reads k and v twice (launch 1 for the segment statistics, launch 3 for the codes,
 templates/include/quantize/launch.cuh). A single persistent launch could quantise each (segment,
 head) right after its statistics, so that the second read comes from L2, but only if L2 keeps
 about one group's K and V (BF16: 15.7 MB for a 30,720-token segment, 31.5 MB for 61,440 tokens)
 while the reads go on. This script models that on a 1 GiB buffer read in chunks of C MiB, each
-read one launch (a float sum, which streams at DRAM speed), all launches of a pattern timed as
-one sequence:
+read one launch (a float sum, which streams at DRAM speed), all launches of a pattern captured
+in one CUDA graph and timed as its replay (launched one by one from Python, a 4 MiB read would
+be paced by the host's ~10 us a call, not by memory):
 
 - ``once``: every chunk read once (1 GiB);
 - ``twice, apart``: the whole buffer read twice (2 GiB from DRAM: today's two passes);
 - ``twice, back to back``: each chunk read twice in a row (the single pass).
 
-The share of the second reads that L2 serves is (apart - back to back) / (apart - once): 1 when a
-re-read is free, 0 when it costs a DRAM read. (The first version timed single reads of a few MiB
-with an int64 sum, which upcasts through a temporary and ran at ~600 GB/s: launch- and
-write-bound, it could not see L2.)
+What a re-read right after the first saves of a DRAM read is (apart - back to back) /
+(apart - once): 0 when it costs a DRAM read, below 1 even when L2 holds the whole chunk (an L2
+read is not free). Nothing else streams between the two reads here, so this is an upper bound for
+a persistent pre-pass whose other CTAs read other heads meanwhile. (The first version timed
+single reads of a few MiB with an int64 sum, which upcasts through a temporary and ran at
+~600 GB/s: launch- and write-bound, it could not see L2.)
 
     python benchmarks/bench_l2_reuse.py [--chunks 4,8,16,32,64] [--iters 5]
 """
@@ -39,12 +42,21 @@ def _read(x: torch.Tensor) -> torch.Tensor:
 
 
 def time_ms(fn: Callable[[], None], iters: int) -> float:
-    fn()  # warm-up (and the reduction's workspace)
+    """Median ms of a replay of ``fn``'s launches captured as one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (allocator, reduction setup)
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
@@ -81,10 +93,10 @@ def main() -> None:
                 _read(p)
 
         t1, t2, tb = (time_ms(f, args.iters) for f in (once, apart, back_to_back))
-        served = (t2 - tb) / (t2 - t1) if t2 > t1 else float("nan")
+        saved = (t2 - tb) / (t2 - t1) if t2 > t1 else float("nan")
         print(f"{chunk:4d} MiB chunks: once {t1:7.3f} ms ({TOTAL_MB * MB / t1 / 1e9:5.2f} TB/s), "
               f"twice apart {t2:7.3f} ms, twice back to back {tb:7.3f} ms: "
-              f"L2 serves {100 * served:5.1f} % of the second reads", flush=True)
+              f"a re-read saves {100 * saved:5.1f} % of a DRAM read", flush=True)
 
 
 if __name__ == "__main__":

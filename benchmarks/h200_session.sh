@@ -7,8 +7,8 @@
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
-# SMs and beside the attention kernel; variants: benchmark builds against production; l2: how much
-# of a re-read L2 serves; qin: the FP8 q_in_kernel build's tests and timings; see below;
+# SMs and beside the attention kernel; variants: benchmark builds against production; l2:
+# what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; see below;
 # none is part of all)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
 # `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
@@ -124,7 +124,7 @@ fi
 
 if [[ $what == breakdown ]]; then
     # Where a whole call's time goes (pre-pass, attention kernel, each alone and inside one call
-    # sequence) beside cuDNN BF16, both operators, the three presets; FP8_BUILD (e.g.
+    # sequence) beside cuDNN BF16, both operators, the three presets; FP8_BUILD (one build, e.g.
     # q_in_kernel=1) adds a benchmark build of the FP8 module's rows.
     timeout 300 python3 benchmarks/bench_call_breakdown.py --op fp8,nvfp4 \
         --preset h3-10s,h3-15s-sp4,h3-mix --iters 10 --rounds 3 --fp8-build "${FP8_BUILD:-}" \
@@ -149,8 +149,8 @@ if [[ $what == qin ]]; then
 fi
 
 if [[ $what == l2 ]]; then
-    # How much of a just-read buffer L2 still holds for a second read, by size, with other reads
-    # in between: what a single pass over K and V in the pre-pass could save.
+    # What re-reading each chunk of a 1 GiB buffer right after its first read saves against a
+    # second DRAM read, by chunk size: what a single pass over K and V in the pre-pass could save.
     timeout 200 python3 benchmarks/bench_l2_reuse.py 2>&1 | tee "$OUT/l2_reuse.log"
 fi
 

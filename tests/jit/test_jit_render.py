@@ -221,7 +221,7 @@ def test_flags_order_does_not_matter() -> None:
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
              "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True, "tile_keys": 128,
-             "kv_copies": False, "cluster_ctas": 2, "q_in_kernel": True},
+             "kv_copies": False, "cluster_ctas": 2, "q_in_kernel": 1},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
@@ -268,7 +268,7 @@ def test_prepass_cta_cap_reaches_the_quantize_binding(module: str, flags: dict, 
 
 
 @pytest.mark.parametrize(("flags", "with_q", "mode"),
-                         [({}, "true", 0), ({"q_in_kernel": True}, "false", 1),
+                         [({}, "true", 0), ({"q_in_kernel": 1}, "false", 1),
                           ({"q_in_kernel": 2}, "false", 2)])
 def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str, mode: int) -> None:
     # The q_in_kernel build: the kernel quantises Q (Fp8Options' last argument) and the module's
