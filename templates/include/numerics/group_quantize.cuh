@@ -181,15 +181,15 @@ __device__ __forceinline__ void nvfp4_group_fp16(const float (&x)[kGroup], const
   }
 }
 
-// SPEC 4.1: the scale s = fl(amax / 448) of an FP8 group (a Q row, a K' block, a V channel of a
-// segment), and 0 where that is below 2^-126: the reciprocal of such a subnormal scale can
+// SPEC 4.1: an FP8 scale below 2^-126 is 0: the reciprocal of such a subnormal scale can
 // overflow to inf, and 0 * inf would make the group's zeros NaN codes (a NaN output row).
 constexpr float kFp32MinNormal = 1.17549435e-38f;  // 2^-126
 
-__device__ __forceinline__ float fp8_group_scale(float amax) {
-  const float s = __fdiv_rn(amax, kE4M3Max);
-  return s < kFp32MinNormal ? 0.0f : s;
-}
+__device__ __forceinline__ float fp8_flush_scale(float s) { return s < kFp32MinNormal ? 0.0f : s; }
+
+// The scale s = fl(amax / 448) of an FP8 group (a Q row, a K' block, a V channel of a segment),
+// flushed as above.
+__device__ __forceinline__ float fp8_group_scale(float amax) { return fp8_flush_scale(__fdiv_rn(amax, kE4M3Max)); }
 
 // SPEC 4: codes rn_e4m3(x * (1/s)), all 0 when s == 0 (then 1/s would be inf and 0*inf NaN).
 struct Fp8Scale {

@@ -14,9 +14,8 @@
 // scales are bit-identical to the workspace's: per token s = fl(amax / 448) (__fdiv_rn), 0 below
 // 2^-126, codes rn_e4m3(fl(x * rcp_rn(s))) with saturation, all zero for s = 0. Rows past the
 // tensor are TMA zeros (codes 0); rows of the next segment in a segment's last block are quantised
-// like any
-// row (the consumers give them a zero scale and store nothing), and only the item's own rows'
-// scales are written.
+// like any row (the consumers give them a zero scale and store nothing), and only the item's own
+// rows' scales are written.
 //
 // Ordering: the codes are generic-proxy shared-memory writes that wgmma (the async proxy) reads,
 // so each thread fences (fence.proxy.async) before its arrival on q_full; the consumers' q_full
@@ -58,11 +57,11 @@ __device__ __forceinline__ float amax_of(const uint4& x, float a) {
   return fmaxf(a, fabsf(q_bf16_hi(x.w)));
 }
 
-// The row scale s = fl(amax / 448), 0 below 2^-126 (SPEC 4.1), and its reciprocal fl(1 / s)
-// (0 for s = 0 or inf): the values the pre-pass gets from __fdiv_rn and __frcp_rn
-// (quantize::fp8_group_scale, quantize::fp8_scale), without their slow-path calls, whose stack
-// frame the producer warpgroup's 24 registers cannot spare. Each is computed in FP64 and
-// rounded once to FP32, which is exact here:
+// The row scale s = fl(amax / 448), 0 below 2^-126 (SPEC 4.1, quantize::fp8_flush_scale), and
+// its reciprocal fl(1 / s) (0 for s = 0 or inf): the values the pre-pass gets from __fdiv_rn and
+// __frcp_rn (quantize::fp8_group_scale, quantize::fp8_scale), without their slow-path calls,
+// whose stack frame the producer warpgroup's 24 registers cannot spare. Each is computed in FP64
+// and rounded once to FP32, which is exact here:
 //  - amax is the largest |x| of BF16 values, so amax = A 2^k with an integer A < 2^8 and
 //    k >= -133. Then amax / 448 = A / 7 2^(k - 6) is an FP32 value (7 divides A) or lies at
 //    least a 14th of an FP32 grid step 2^g from every rounding midpoint: its distance to one is
@@ -76,8 +75,7 @@ __device__ __forceinline__ float amax_of(const uint4& x, float a) {
 // tests/kernels/test_attention_fp8_wgmma_gpu.py (test_q_in_kernel_scales_on_every_bf16_magnitude)
 // checks the scales against the pre-pass's on every BF16 magnitude.
 __device__ __forceinline__ quantize::Fp8Scale fp8_q_scale(float amax, float& s) {
-  s = __double2float_rn(static_cast<double>(amax) * (1.0 / 448.0));
-  if (s < quantize::kFp32MinNormal) s = 0.0f;
+  s = quantize::fp8_flush_scale(__double2float_rn(static_cast<double>(amax) * (1.0 / 448.0)));
   if (!(s > 0.0f) || isinf(s)) return {0.0f, s == 0.0f ? 0u : ~0u};  // 1 / inf = 0 keeps its codes
   const double d = s;
   double y = ptx::rcp_approx_f64(d);
