@@ -3,11 +3,12 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|l2|qin|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
-# SMs and beside the attention kernel; variants: benchmark builds against production; l2:
+# SMs and beside the attention kernel; variants: benchmark builds against production; against:
+# production against an earlier commit's build and benchmark builds, short segments too; l2:
 # what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; see below;
 # none is part of all)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
@@ -54,19 +55,22 @@ fi
 
 if [[ $what == all || $what == bench ]]; then
     {
+      # BENCH_SIDE=0: the operators' bench alone (a bench of record when device time is short).
+      if [[ ${BENCH_SIDE:-1} != 0 ]]; then
         timeout 90 python3 benchmarks/bench_quantize.py --profile --json "$OUT/bench_quantize.json"
         # The other presets' shapes: h3-15s-sp4 and h3-mix (six packed requests).
         timeout 90 python3 benchmarks/bench_quantize.py --tokens 92160 --heads 14
         timeout 90 python3 benchmarks/bench_quantize.py --heads 56 \
             --bounds 0 30720 46080 55296 59392 60928 61261
         timeout 60 python3 benchmarks/bench_host_overhead.py
+      fi
         # Both operators (the default op set; a kernel backend also gets its "kernel only" row)
         # and every importable peer (SageAttention, cuDNN FP8) on the three MiniMax-H3 presets,
         # in one process: one JSON and one plot.
         # --rounds 3: every row of a preset timed in turn three times (the GPU warms up over a
         # bench, and its clock under the 700 W cap with it: RESULTS.md, eighth session).
         timeout ${BENCH_TIMEOUT:-420} python3 -m flashinfer_h3 bench \
-            --preset h3-10s,h3-15s-sp4,h3-mix --iters 3 --rounds 3 \
+            --preset h3-10s,h3-15s-sp4,h3-mix --iters "${BENCH_ITERS:-3}" --rounds 3 \
             --json "$OUT/bench.json" --plot "$OUT/bench.png"
     } 2>&1 | tee "$OUT/bench.log"
 fi
@@ -166,6 +170,23 @@ if [[ $what == variants ]]; then
         timeout 400 python3 benchmarks/bench_wgmma_variants.py --op "${VARIANT_OP:-fp8}" \
             --preset h3-10s,h3-mix,h3-15s-sp4 --only "${VARIANT_ONLY:-none}" --iters 5 --rounds 3 --oracle
     } 2>&1 | tee "$OUT/variants.log"
+fi
+
+if [[ $what == against ]]; then
+    # Production against other builds of the same module, kernel only, in one process: an
+    # earlier commit's production .so (AGAINST_FP8 / AGAINST_NVFP4, carried), and the FP8
+    # benchmark builds that AGAINST_ONLY selects (bench_wgmma_variants.py --only); h3-mix, h3-10s
+    # and short segments (AGAINST_SHAPES). Each row prints its rel L2 against production and the
+    # share of output elements that differ (0: the same numbers).
+    {
+        shapes=()
+        for s in ${AGAINST_SHAPES:-184*333:56 1536*40:56}; do shapes+=(--shape "$s"); done
+        [[ -z ${AGAINST_FP8:-} ]] || timeout 300 python3 benchmarks/bench_wgmma_variants.py --op fp8 \
+            --preset h3-mix,h3-10s "${shapes[@]}" --only "${AGAINST_ONLY:-none}" --so "fp8=$AGAINST_FP8" \
+            --iters 5 --rounds 3
+        [[ -z ${AGAINST_NVFP4:-} ]] || timeout 300 python3 benchmarks/bench_wgmma_variants.py --op nvfp4 \
+            --preset h3-mix,h3-10s "${shapes[@]}" --only none --so "nvfp4=$AGAINST_NVFP4" --iters 5 --rounds 3
+    } 2>&1 | tee "$OUT/against.log"
 fi
 
 if [[ $what == prepass_sms ]]; then

@@ -79,7 +79,7 @@ def production_modules() -> tuple[ModuleDef, ...]:
 
 
 register_module(ModuleDef(
-    "utils", ("utils.cu.jinja",), None, exports=("fill_u8", "build_info"),
+    "utils", ("utils.cu.jinja",), None, exports=("fill_u8", "build_info", "epilogue_divide"),
     about="device helpers of the tests and the operators (byte fill), build info",
 ))
 register_module(ModuleDef(

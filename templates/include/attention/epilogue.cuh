@@ -10,23 +10,71 @@
 
 #include <cuda_bf16.h>
 
+#include "../ptx/math.cuh"
+
 namespace flashinfer_h3 {
 namespace attention {
 
 constexpr int kEpilogueChunks = 16;  // 128 channels = 16 chunks of 8 columns
 
+// x / d rounded to nearest even for one row's quotients, d's reciprocal computed once:
+//   r = r0 + r0 (1 - d r0), r0 = rcp.approx(d);  q0 = x r;  q = q0 + r (x - d q0)
+// (each step one FFMA), the sequence of div.rn.f32's fast path. Its quotient is the correctly
+// rounded one wherever the remainder x - d q0 is a normal number: here |x| >= 2^-100 (and x =
+// +-0, which gives +0), since d = l is a row sum of P >= 256 (the row's maximum contributes 256:
+// SPEC 3.6, 4.3) and finite; smaller |x| may round one subnormal ulp away, invisible in an output
+// near 2^-108. Compiled per element, div.rn recomputes r for every quotient and adds a range check
+// (FCHK) and a branch to its slow path around each: ~10 instructions and a divergence region per
+// output element, 64 a thread at every item's end (tests/kernels/test_epilogue_gpu.py holds this
+// against torch's division).
+struct RowDivisor {
+  float d, r;
+  __device__ __forceinline__ explicit RowDivisor(float divisor) : d(divisor) {
+    const float r0 = ptx::rcp_approx(divisor);
+    r = fmaf(r0, fmaf(-divisor, r0, 1.0f), r0);
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    const float q0 = fmaf(x, r, 0.0f);  // x r rounded, as div.rn's fast path computes it
+    return fmaf(r, fmaf(-d, q0, x), q0);
+  }
+};
+
 // kChannelScale: multiply by sv[8j], sv[8j + 1] (read through the read-only cache) first.
-template <bool kChannelScale, typename Pair>
+// kRowDivisor: divide through RowDivisor (one reciprocal for the row, the scales read before the
+// loop, so that their 16 loads wait for L2 once) instead of a div.rn per element. The Hopper FP8
+// kernel's epilogue: 1 % of its h3-mix time and a third of it on 184-token segments, the same
+// output bits (benchmarks/RESULTS.md, twenty-third session). The other kernels keep div.rn: in the
+// Hopper NVFP4 kernel the cheaper epilogue measured 0.7 % slower at h3-10s and 3-7 % on short
+// segments (ptxas scheduled its tile loop anew), and the SM120 kernels were not measured.
+template <bool kChannelScale, bool kRowDivisor = false, typename Pair>
 __device__ __forceinline__ void store_row_bf16(__nv_bfloat16* dst, const float* sv, float l, Pair pair) {
-#pragma unroll
-  for (int j = 0; j < kEpilogueChunks; ++j) {
-    float2 x = pair(j);
+  if constexpr (kRowDivisor) {
+    float2 s[kEpilogueChunks];
     if constexpr (kChannelScale) {
-      const float2 s = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
-      x.x = __fmul_rn(x.x, s.x);
-      x.y = __fmul_rn(x.y, s.y);
+#pragma unroll
+      for (int j = 0; j < kEpilogueChunks; ++j) s[j] = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
     }
-    *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(__fdiv_rn(x.x, l), __fdiv_rn(x.y, l));
+    const RowDivisor divide(l);
+#pragma unroll
+    for (int j = 0; j < kEpilogueChunks; ++j) {
+      float2 x = pair(j);
+      if constexpr (kChannelScale) {
+        x.x = __fmul_rn(x.x, s[j].x);
+        x.y = __fmul_rn(x.y, s[j].y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(divide(x.x), divide(x.y));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kEpilogueChunks; ++j) {
+      float2 x = pair(j);
+      if constexpr (kChannelScale) {
+        const float2 s = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
+        x.x = __fmul_rn(x.x, s.x);
+        x.y = __fmul_rn(x.y, s.y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(__fdiv_rn(x.x, l), __fdiv_rn(x.y, l));
+    }
   }
 }
 

@@ -290,7 +290,8 @@ __device__ __forceinline__ void finish_qk(float (&s)[64], uint32_t (&pa)[16], Fp
   ++slot.index;
 }
 
-// out = bf16(fp32(O * sv) / l) for the thread's two rows, if they are rows of the block.
+// out = bf16(fp32(O * sv) / l) for the thread's two rows, if they are rows of the block; one
+// reciprocal a row (attention/epilogue.cuh RowDivisor), the correctly rounded quotients.
 __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowState& st, const WorkItem& it,
                                              int row0, const Fp8Params& p, int quad_col) {
   const float* sv = p.v_scales + (static_cast<int64_t>(it.segment) * p.plan.heads + it.head) * kHeadDim;
@@ -300,8 +301,8 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
     const int row = row0 + 8 * r;
     if (row >= it.row_end) continue;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
-    attention::store_row_bf16<true>(dst, sv + quad_col, l,
-                                    [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
+    attention::store_row_bf16<true, true>(dst, sv + quad_col, l,
+                                          [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
 
