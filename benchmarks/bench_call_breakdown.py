@@ -18,10 +18,12 @@ on all of them alike):
 ``--fp8-build FLAG=VALUE,...`` (repeatable) adds the same rows but the whole call's for a
 benchmark build of the Hopper FP8 module (KernelConfig flags, e.g. ``q_in_kernel=1``: its
 pre-pass without Q and its kernel quantising Q), so its pre-pass, kernel and in-call split sit
-beside production's.
+beside production's. ``--shape LENGTHS:HEADS``
+(repeatable) adds shapes beside the presets.
 
     python benchmarks/bench_call_breakdown.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix]
-        [--iters 10] [--rounds 3] [--fp8-build q_in_kernel=1 [--fp8-build q_in_kernel=2]]
+        [--shape 333*184:56] [--iters 10] [--rounds 3]
+        [--fp8-build q_in_kernel=1 [--fp8-build q_in_kernel=2]]
 """
 
 from __future__ import annotations
@@ -72,10 +74,9 @@ def fp8_build_peer(flags: dict[str, Any], q: Any, k: Any, v: Any, bounds: tuple[
     return benchtools.KernelOnly("fp8", prepared, q, k, v, out, bounds, 128**-0.5)
 
 
-def run(preset_name: str, ops: list[str], iters: int, rounds: int,
+def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], iters: int, rounds: int,
         fp8_builds: list[dict[str, Any]] | None = None) -> None:
-    preset = PRESETS[preset_name]
-    q, k, v, cu, bounds = _inputs(preset.lengths, preset.heads, torch.device("cuda"), 0)
+    q, k, v, cu, bounds = _inputs(lengths, heads, torch.device("cuda"), 0)
     out = torch.empty_like(q)
     rows: dict[str, list[float]] = {}
     cudnn, _ = benchtools.sdpa_peer(q, k, v, bounds, SDPBackend.CUDNN_ATTENTION)
@@ -112,14 +113,14 @@ def run(preset_name: str, ops: list[str], iters: int, rounds: int,
             rows.setdefault(f"{op} in call: both", []).append(
                 statistics.median([a + b for a, b in zip(pre, ker, strict=True)]))
         rows.setdefault("cuDNN bf16", []).append(_time_cuda(cudnn, iters, 2))
-        print(f"{preset_name}: round {r + 1}/{rounds} done", flush=True)
+        print(f"{name}: round {r + 1}/{rounds} done", flush=True)
     yardstick = statistics.median(rows["cuDNN bf16"])
-    print(f"{preset_name} ({sum(preset.lengths)} tokens x {preset.heads} heads), median of "
+    print(f"{name} ({sum(lengths)} tokens x {heads} heads), median of "
           f"{rounds} rounds x {iters} calls:")
-    for name, times in rows.items():
+    for row, times in rows.items():
         ms = statistics.median(times)
         spread = 100 * (max(times) - min(times)) / ms
-        print(f"  {name:42s} {ms:9.3f} ms (rounds spread {spread:4.1f} %)  "
+        print(f"  {row:42s} {ms:9.3f} ms (rounds spread {spread:4.1f} %)  "
               f"cuDNN bf16 / this {yardstick / ms:6.3f}", flush=True)
 
 
@@ -128,6 +129,9 @@ def main() -> None:
     ap.add_argument("--op", default="fp8,nvfp4", help="comma-separated among nvfp4, fp8")
     ap.add_argument("--preset", default="h3-10s,h3-15s-sp4,h3-mix",
                     help=f"comma-separated among {', '.join(PRESETS)}")
+    ap.add_argument("--shape", action="append", default=[], metavar="LENGTHS:HEADS",
+                    help="also a shape of its own, e.g. 333*184:56 (184 segments of 333 tokens, "
+                    "56 heads); repeatable")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
     ap.add_argument("--fp8-build", action="append", default=[], metavar="FLAG=VALUE,...",
@@ -144,9 +148,19 @@ def main() -> None:
             flags[key.strip()] = int(value)
         if flags and flags not in fp8_builds:  # a repeated build would merge into one row
             fp8_builds.append(flags)
-    for name in args.preset.split(","):
-        run(name.strip(), [op.strip() for op in args.op.split(",")], args.iters, args.rounds,
-            fp8_builds)
+    shapes: list[tuple[str, tuple[int, ...], int]] = []
+    for name in filter(None, (n.strip() for n in args.preset.split(","))):
+        if name not in PRESETS:
+            ap.error(f"--preset: unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+        shapes.append((name, PRESETS[name].lengths, PRESETS[name].heads))
+    for text in args.shape:
+        try:
+            shapes.append((text, *benchtools.parse_shape(text)))
+        except ValueError as e:
+            ap.error(f"--shape: {e}")
+    ops = [op.strip() for op in args.op.split(",")]
+    for name, lengths, heads in shapes:
+        run(name, lengths, heads, ops, args.iters, args.rounds, fp8_builds)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ import torch
 
 from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the bench command's
-from flashinfer_h3.benchtools import GpuSampler, KernelOnly, sampled_oracle
+from flashinfer_h3.benchtools import GpuSampler, KernelOnly, parse_shape, sampled_oracle
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 from flashinfer_h3.plan import cluster_ctas_of, with_schedule
@@ -254,14 +254,9 @@ def main() -> None:
         shapes.append((preset, PRESETS[preset].lengths, PRESETS[preset].heads))
     for text in args.shape:
         try:
-            lengths_text, heads_text = text.split(":")
-            lengths: list[int] = []
-            for part in lengths_text.split(","):
-                length, _, count = part.partition("*")
-                lengths += [int(length)] * int(count or 1)
-            shapes.append((text, tuple(lengths), int(heads_text)))
-        except ValueError:
-            ap.error(f"--shape: expected LENGTHS:HEADS such as 30720*4:56, got {text!r}")
+            shapes.append((text, *parse_shape(text)))
+        except ValueError as e:
+            ap.error(f"--shape: {e}")
     extra: list[tuple[str, Path]] = []  # (op, module): every --so, in order
     for text in args.so:
         op_name, _, path_text = text.partition("=")

@@ -189,6 +189,25 @@ def kernel_only_peer(op: str, q: Any, k: Any, v: Any, bounds: Sequence[int], out
 # ---------------------------------------------------------------------------------------------
 
 
+def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
+    """A benchmark shape ``LENGTHS:HEADS``, lengths comma-separated, each ``LENGTH`` or
+    ``LENGTH*COUNT`` (e.g. ``30720*2,333:56``: two 30,720-token segments and one of 333, 56
+    heads) -> (segment lengths, heads). Raises ValueError naming the text otherwise."""
+    try:
+        lengths_text, heads_text = text.split(":")
+        lengths: list[int] = []
+        for part in lengths_text.split(","):
+            length, _, count = part.partition("*")
+            lengths += [int(length)] * int(count or 1)
+        heads = int(heads_text)
+    except ValueError:
+        raise ValueError(f"expected LENGTHS:HEADS such as 30720*4:56, got {text!r}") from None
+    if not lengths or min(lengths) < 0 or sum(lengths) < 1 or heads < 1:
+        raise ValueError(f"expected lengths >= 0 (one token at least) and heads >= 1 in "
+                         f"LENGTHS:HEADS, got {text!r}")
+    return tuple(lengths), heads
+
+
 def segments(bounds: Sequence[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
 

@@ -149,3 +149,12 @@ def test_markdown_table_says_the_rounds() -> None:
     assert "rounds" not in benchtools.markdown_table(base).splitlines()[0]
     text = benchtools.markdown_table({**base, "rounds": 3})
     assert "median of 10 runs after 2 warm-up, every row timed in 3 rounds in turn" in text
+
+
+def test_parse_shape() -> None:
+    # The benchmark scripts' --shape (bench_wgmma_variants.py, bench_call_breakdown.py).
+    assert benchtools.parse_shape("30720*2,333:56") == ((30720, 30720, 333), 56)
+    assert benchtools.parse_shape("4097:1") == ((4097,), 1)
+    for bad in ("30720*2", "30720:0", "a:56", "-1:2", "30720*x:56", ":56", "30720*0:56"):
+        with pytest.raises(ValueError, match="LENGTHS:HEADS"):
+            benchtools.parse_shape(bad)
