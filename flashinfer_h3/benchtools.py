@@ -198,6 +198,8 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
         lengths: list[int] = []
         for part in lengths_text.split(","):
             length, _, count = part.partition("*")
+            if int(count or 1) < 1:
+                raise ValueError(part)
             lengths += [int(length)] * int(count or 1)
         heads = int(heads_text)
     except ValueError:

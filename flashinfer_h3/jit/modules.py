@@ -80,7 +80,8 @@ def production_modules() -> tuple[ModuleDef, ...]:
 
 register_module(ModuleDef(
     "utils", ("utils.cu.jinja",), None, exports=("fill_u8", "build_info", "epilogue_divide"),
-    about="device helpers of the tests and the operators (byte fill), build info",
+    about="device helpers of the tests and the operators (byte fill, the epilogue's division), "
+    "build info",
 ))
 register_module(ModuleDef(
     "nvfp4", ("quantize.cu.jinja", "attention_nvfp4.cu.jinja"), "nvfp4",

@@ -155,6 +155,7 @@ def test_parse_shape() -> None:
     # The benchmark scripts' --shape (bench_wgmma_variants.py, bench_call_breakdown.py).
     assert benchtools.parse_shape("30720*2,333:56") == ((30720, 30720, 333), 56)
     assert benchtools.parse_shape("4097:1") == ((4097,), 1)
-    for bad in ("30720*2", "30720:0", "a:56", "-1:2", "30720*x:56", ":56", "30720*0:56"):
+    for bad in ("30720*2", "30720:0", "a:56", "-1:2", "30720*x:56", ":56", "30720*0:56",
+                "5,30720*-3:56"):
         with pytest.raises(ValueError, match="LENGTHS:HEADS"):
             benchtools.parse_shape(bad)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <float.h>
 
 #include "../ptx/math.cuh"
 
@@ -19,14 +20,16 @@ constexpr int kEpilogueChunks = 16;  // 128 channels = 16 chunks of 8 columns
 
 // x / d rounded to nearest even for one row's quotients, d's reciprocal computed once:
 //   r = r0 + r0 (1 - d r0), r0 = rcp.approx(d);  q0 = x r;  q = q0 + r (x - d q0)
-// (each step one FFMA), the sequence of div.rn.f32's fast path. Its quotient is the correctly
-// rounded one wherever the remainder x - d q0 is a normal number: here |x| >= 2^-100 (and x =
-// +-0, which gives +0), since d = l is a row sum of P >= 256 (the row's maximum contributes 256:
-// SPEC 3.6, 4.3) and finite; smaller |x| may round one subnormal ulp away, invisible in an output
-// near 2^-108. Compiled per element, div.rn recomputes r for every quotient and adds a range check
-// (FCHK) and a branch to its slow path around each: ~10 instructions and a divergence region per
-// output element, 64 a thread at every item's end (tests/kernels/test_epilogue_gpu.py holds this
-// against torch's division).
+// (each step one FFMA), the sequence of div.rn.f32's fast path, for a divisor d that is finite
+// and >= 256: every row sum l of P (the row's maximum contributes 256: SPEC 3.6, 4.3). The
+// quotient is then div.rn's bit for bit wherever it is a normal number and |x| >= 2^-100, and
+// within one unit of the last place below (subnormal quotients, invisible in a bf16 output near
+// 2^-108); tests/kernels/test_epilogue_gpu.py holds both against IEEE division. Two fixes keep
+// div.rn's special values: x = +-inf makes the remainder NaN (inf - inf), which fmaxf turns into
+// a finite value so that q = q0 = +-inf; and x = -0 would give +0, so the quotient takes x's sign
+// (d > 0: every other quotient has it already). Compiled per element, div.rn recomputes r for
+// every quotient and wraps each in a range check (FCHK) and a branch to its slow path: ~10
+// instructions and a divergence region per output element, 64 a thread at every item's end.
 struct RowDivisor {
   float d, r;
   __device__ __forceinline__ explicit RowDivisor(float divisor) : d(divisor) {
@@ -35,7 +38,9 @@ struct RowDivisor {
   }
   __device__ __forceinline__ float operator()(float x) const {
     const float q0 = fmaf(x, r, 0.0f);  // x r rounded, as div.rn's fast path computes it
-    return fmaf(r, fmaf(-d, q0, x), q0);
+    const float remainder = fmaxf(fmaf(-d, q0, x), -FLT_MAX);  // NaN (x infinite) -> finite
+    const float q = fmaf(r, remainder, q0);
+    return __int_as_float(__float_as_int(q) | (__float_as_int(x) & static_cast<int>(0x80000000u)));
   }
 };
 
