@@ -8,7 +8,9 @@ without its NVFP4 quantisation), ``delta=False`` (the delta warps skip their pro
 ``softmax=False`` (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one
 P rounding path, always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an
 FMUL instead of 1 / s folded into the exponentials), ``f16_rounding=False`` (rn_e2m1 of P on the
-FP32 y instead of on f16x2 pairs), ``kv_copies=False`` (as FP8's, below),
+FP32 y instead of on f16x2 pairs), ``row_divisor=True`` (the epilogue's quotients through one
+reciprocal a row, the FP8 kernel's, instead of a div.rn each), ``kv_copies=False`` (as FP8's,
+below),
 ``k_stages`` / ``v_stages`` (the K and V
 ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV tile),
 ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production 64,
@@ -74,6 +76,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "P quantised as Ptil * r (1 / s not folded into the exponentials)": {"fold_p_scale": False},
         "P rounded on FP32 values (production until 2026-12-04)": {"f16_rounding": False},
         "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
+        "epilogue through one reciprocal a row (the FP8 kernel's)": {"row_divisor": True},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

@@ -238,10 +238,11 @@ def test_flags_order_does_not_matter() -> None:
             "nvfp4_wgmma",
             {"quantize_p": False, "ping_pong": False, "k_stages": 2, "v_stages": 3,
              "wait_sleep_ns": 0, "fold_p_scale": False, "dynamic_schedule": False,
-             "kv_copies": False},
+             "kv_copies": False, "row_divisor": True},
             ["& ~fh3::sm90::kQuantizeP", "& ~fh3::sm90::kPingPongOrder", "kKStages = 2;",
              "kVStages = 3;", "kWaitSleepNs = 0;", "& ~fh3::sm90::kFoldPScale",
-             "& ~fh3::sm90::kDynamicOrder", "& ~fh3::sm90::kCopyKvTiles"],
+             "& ~fh3::sm90::kDynamicOrder", "& ~fh3::sm90::kCopyKvTiles",
+             "| fh3::sm90::kRowDivisorEpilogue;"],
         ),
     ],
 )

@@ -67,6 +67,11 @@ enum Nvfp4Variant : int {
   kDynamicOrder = 64,   // the dynamic item order (off: static striding; tile_scheduler.cuh)
   kCopyKvTiles = 128,   // K and V copied for every tile (off: once per ring slot, later tiles reuse it)
   kF16Rounding = 256,   // rn_e2m1 of P on f16x2 pairs (off: on FP32 values; nvfp4_softmax.cuh)
+  // Not in production (a benchmark build adds it): the epilogue divides through one reciprocal a
+  // row, as the FP8 kernel's does (attention/epilogue.cuh RowDivisor), instead of a div.rn per
+  // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
+  // twenty-third session, before RowDivisor kept -0 and infinities).
+  kRowDivisorEpilogue = 512,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding,
 };
@@ -305,6 +310,8 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
 }
 
 // out = bf16_rn(O / l) for the thread's two rows, if they are rows of the block (SPEC 3.8).
+// kRowDivisor: Nvfp4Variant kRowDivisorEpilogue.
+template <bool kRowDivisor>
 __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const Nvfp4RowState& st, const WorkItem& it,
                                                    int row0, const Nvfp4Params& p, int quad_col) {
 #pragma unroll
@@ -313,8 +320,8 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
     const int row = row0 + 8 * r;
     if (row >= it.row_end) continue;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
-    attention::store_row_bf16<false>(dst, nullptr, l,
-                                     [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
+    attention::store_row_bf16<false, kRowDivisor>(dst, nullptr, l,
+                                                  [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
 
@@ -375,7 +382,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     // The item's rows again (L1-resident table reads; the dynamic order's slot may hold the next
     // item by now) instead of keeping them live across the loop.
     const WorkItem again = work_item(p.plan, w);
-    store_output_nvfp4(o, st, again, again.row_begin + row_in_block, p, quad_col);
+    store_output_nvfp4<(kVariant & kRowDivisorEpilogue) != 0>(o, st, again, again.row_begin + row_in_block, p,
+                                                              quad_col);
     if constexpr ((kVariant & kDynamicOrder) == 0) w += gridDim.x;
   }
   turn.finish();
