@@ -55,15 +55,15 @@ fi
 
 if [[ $what == all || $what == bench ]]; then
     {
-      # BENCH_SIDE=0: the operators' bench alone (a bench of record when device time is short).
-      if [[ ${BENCH_SIDE:-1} != 0 ]]; then
-        timeout 90 python3 benchmarks/bench_quantize.py --profile --json "$OUT/bench_quantize.json"
-        # The other presets' shapes: h3-15s-sp4 and h3-mix (six packed requests).
-        timeout 90 python3 benchmarks/bench_quantize.py --tokens 92160 --heads 14
-        timeout 90 python3 benchmarks/bench_quantize.py --heads 56 \
-            --bounds 0 30720 46080 55296 59392 60928 61261
-        timeout 60 python3 benchmarks/bench_host_overhead.py
-      fi
+        # BENCH_SIDE=0: the operators' bench alone (a bench of record when device time is short).
+        if [[ ${BENCH_SIDE:-1} != 0 ]]; then
+            timeout 90 python3 benchmarks/bench_quantize.py --profile --json "$OUT/bench_quantize.json"
+            # The other presets' shapes: h3-15s-sp4 and h3-mix (six packed requests).
+            timeout 90 python3 benchmarks/bench_quantize.py --tokens 92160 --heads 14
+            timeout 90 python3 benchmarks/bench_quantize.py --heads 56 \
+                --bounds 0 30720 46080 55296 59392 60928 61261
+            timeout 60 python3 benchmarks/bench_host_overhead.py
+        fi
         # Both operators (the default op set; a kernel backend also gets its "kernel only" row)
         # and every importable peer (SageAttention, cuDNN FP8) on the three MiniMax-H3 presets,
         # in one process: one JSON and one plot.
@@ -179,8 +179,10 @@ if [[ $what == against ]]; then
     # and short segments (AGAINST_SHAPES). Each row prints its rel L2 against production and the
     # share of output elements that differ (0: the same numbers).
     {
+        [[ -n ${AGAINST_FP8:-}${AGAINST_NVFP4:-} ]] || echo "against: set AGAINST_FP8 and/or AGAINST_NVFP4 to a .so"
         shapes=()
-        for s in ${AGAINST_SHAPES:-184*333:56 1536*40:56}; do shapes+=(--shape "$s"); done
+        read -ra listed <<< "${AGAINST_SHAPES:-184*333:56 1536*40:56}"  # no glob expansion of the *
+        for s in "${listed[@]}"; do shapes+=(--shape "$s"); done
         [[ -z ${AGAINST_FP8:-} ]] || timeout 300 python3 benchmarks/bench_wgmma_variants.py --op fp8 \
             --preset h3-mix,h3-10s "${shapes[@]}" --only "${AGAINST_ONLY:-none}" --so "fp8=$AGAINST_FP8" \
             --iters 5 --rounds 3
