@@ -14,8 +14,12 @@ be paced by the host's ~10 us a call, not by memory):
 - ``twice, apart``: the whole buffer read twice (2 GiB from DRAM: today's two passes);
 - ``twice, back to back``: each chunk read twice in a row (the single pass).
 
+- ``launches``: as many reads as ``once``, each of a chunk's first 4 KiB: what the launches
+  themselves cost (~7.6 us each on the H200, RESULTS.md twenty-third session), which ``once``
+  includes and the read of the bytes does not.
+
 What a re-read right after the first saves of a DRAM read is (apart - back to back) /
-(apart - once): 0 when it costs a DRAM read, below 1 even when L2 holds the whole chunk (an L2
+(once - launches): 0 when it costs a DRAM read, below 1 even when L2 holds the whole chunk (an L2
 read is not free). Nothing else streams between the two reads here, so this is an upper bound for
 a persistent pre-pass whose other CTAs read other heads meanwhile. (The first version timed
 single reads of a few MiB with an int64 sum, which upcasts through a temporary and ran at
@@ -92,11 +96,17 @@ def main() -> None:
                 _read(p)
                 _read(p)
 
-        t1, t2, tb = (time_ms(f, args.iters) for f in (once, apart, back_to_back))
-        saved = (t2 - tb) / (t2 - t1) if t2 > t1 else float("nan")
-        print(f"{chunk:4d} MiB chunks: once {t1:7.3f} ms ({TOTAL_MB * MB / t1 / 1e9:5.2f} TB/s), "
-              f"twice apart {t2:7.3f} ms, twice back to back {tb:7.3f} ms: "
-              f"a re-read saves {100 * saved:5.1f} % of a DRAM read", flush=True)
+        def launches(parts: list[torch.Tensor] = parts) -> None:
+            for p in parts:
+                _read(p[:1024])
+
+        t1, t2, tb, t0 = (time_ms(f, args.iters) for f in (once, apart, back_to_back, launches))
+        dram = t1 - t0  # one pass's bytes from DRAM, the launches taken out
+        saved = (t2 - tb) / dram if dram > 0 else float("nan")
+        print(f"{chunk:4d} MiB chunks: once {t1:7.3f} ms ({TOTAL_MB * MB / dram / 1e9:5.2f} TB/s "
+              f"without its {len(parts)} launches' {t0:.3f} ms), twice apart {t2:7.3f} ms, twice "
+              f"back to back {tb:7.3f} ms: a re-read saves {100 * saved:5.1f} % of a DRAM read",
+              flush=True)
 
 
 if __name__ == "__main__":
