@@ -197,10 +197,11 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
         lengths_text, heads_text = text.split(":")
         lengths: list[int] = []
         for part in lengths_text.split(","):
-            length, _, count = part.partition("*")
-            if int(count or 1) < 1:
+            length, _, count_text = part.partition("*")
+            count = int(count_text or 1)
+            if count < 1:
                 raise ValueError(part)
-            lengths += [int(length)] * int(count or 1)
+            lengths += [int(length)] * count
         heads = int(heads_text)
     except ValueError:
         raise ValueError(f"expected LENGTHS:HEADS such as 30720*4:56, got {text!r}") from None

@@ -53,33 +53,22 @@ struct RowDivisor {
 // segments (ptxas scheduled its tile loop anew), and the SM120 kernels were not measured.
 template <bool kChannelScale, bool kRowDivisor = false, typename Pair>
 __device__ __forceinline__ void store_row_bf16(__nv_bfloat16* dst, const float* sv, float l, Pair pair) {
-  if constexpr (kRowDivisor) {
-    float2 s[kEpilogueChunks];
+  float2 s[kEpilogueChunks];
+  if constexpr (kChannelScale && kRowDivisor) {
+#pragma unroll
+    for (int j = 0; j < kEpilogueChunks; ++j) s[j] = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
+  }
+  const RowDivisor row(l);  // dead code (and compiled away) in the div.rn builds
+  auto divide = [&](float x) { return kRowDivisor ? row(x) : __fdiv_rn(x, l); };
+#pragma unroll
+  for (int j = 0; j < kEpilogueChunks; ++j) {
+    float2 x = pair(j);
     if constexpr (kChannelScale) {
-#pragma unroll
-      for (int j = 0; j < kEpilogueChunks; ++j) s[j] = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
+      const float2 sj = kRowDivisor ? s[j] : __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
+      x.x = __fmul_rn(x.x, sj.x);
+      x.y = __fmul_rn(x.y, sj.y);
     }
-    const RowDivisor divide(l);
-#pragma unroll
-    for (int j = 0; j < kEpilogueChunks; ++j) {
-      float2 x = pair(j);
-      if constexpr (kChannelScale) {
-        x.x = __fmul_rn(x.x, s[j].x);
-        x.y = __fmul_rn(x.y, s[j].y);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(divide(x.x), divide(x.y));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kEpilogueChunks; ++j) {
-      float2 x = pair(j);
-      if constexpr (kChannelScale) {
-        const float2 s = __ldg(reinterpret_cast<const float2*>(sv + 8 * j));
-        x.x = __fmul_rn(x.x, s.x);
-        x.y = __fmul_rn(x.y, s.y);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(__fdiv_rn(x.x, l), __fdiv_rn(x.y, l));
-    }
+    *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(divide(x.x), divide(x.y));
   }
 }
 
