@@ -60,20 +60,6 @@ def _split(launch: Any, args: tuple[Any, ...], iters: int, warmup: int
     return pre, ker
 
 
-def fp8_build_peer(flags: dict[str, Any], q: Any, k: Any, v: Any, bounds: tuple[int, ...],
-                   out: Any) -> benchtools.KernelOnly:
-    """The kernel-only measurement of a benchmark build of module fp8_wgmma (its own pre-pass
-    and kernel, through the wgmma_fp8 backend's launcher)."""
-    from flashinfer_h3 import backends
-    from flashinfer_h3.jit import KernelConfig, build_module
-    from flashinfer_h3.jit.load import load_so
-
-    module = load_so(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
-    backend = backends.get("fp8", "wgmma_fp8")
-    prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
-    return benchtools.KernelOnly("fp8", prepared, q, k, v, out, bounds, 128**-0.5)
-
-
 def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], iters: int, rounds: int,
         fp8_builds: list[dict[str, Any]] | None = None) -> None:
     q, k, v, cu, bounds = _inputs(lengths, heads, torch.device("cuda"), 0)
@@ -93,7 +79,8 @@ def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], iters: 
     elif fp8_builds:
         for flags in fp8_builds:
             label = "fp8 [" + ",".join(f"{key}={val}" for key, val in flags.items()) + "]"
-            peers.append((label, None, fp8_build_peer(flags, q, k, v, tuple(bounds), out)))
+            build = benchtools.kernel_only_build("fp8", flags, q, k, v, bounds, out)
+            peers.append((label, None, build))
     for r in range(rounds):
         for op, fn, ko in peers:
             ko.prime()  # the other op's calls may have reused the workspace
@@ -140,12 +127,10 @@ def main() -> None:
     args = ap.parse_args()
     fp8_builds: list[dict[str, Any]] = []
     for spec in args.fp8_build:
-        flags: dict[str, Any] = {}
-        for part in filter(None, spec.split(",")):
-            key, sep, value = part.partition("=")
-            if not sep or not value.strip().lstrip("-").isdigit():
-                ap.error(f"--fp8-build: expected FLAG=INTEGER, got {part!r}")
-            flags[key.strip()] = int(value)
+        try:
+            flags: dict[str, Any] = benchtools.parse_build_flags(spec)
+        except ValueError as e:
+            ap.error(f"--fp8-build: {e}")
         if flags and flags not in fp8_builds:  # a repeated build would merge into one row
             fp8_builds.append(flags)
     shapes: list[tuple[str, tuple[int, ...], int]] = []

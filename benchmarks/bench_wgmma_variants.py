@@ -57,12 +57,18 @@ import torch
 
 from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the bench command's
-from flashinfer_h3.benchtools import GpuSampler, KernelOnly, parse_shape, sampled_oracle
+from flashinfer_h3.benchtools import (
+    HOPPER_MODULES,
+    GpuSampler,
+    KernelOnly,
+    parse_shape,
+    sampled_oracle,
+)
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 from flashinfer_h3.plan import cluster_ctas_of, with_schedule
 
-MODULES = {"nvfp4": ("nvfp4_wgmma", "wgmma_fp16_nvfp4"), "fp8": ("fp8_wgmma", "wgmma_fp8")}
+MODULES = HOPPER_MODULES  # (module, backend) of each op
 
 # The FP8 kernel's 128-key tiles with their exponential split (production until 2026-12-02).
 T128: dict[str, Any] = {"tile_keys": 128, "poly_exp2_every": 32}

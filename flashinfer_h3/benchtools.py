@@ -184,6 +184,37 @@ def kernel_only_peer(op: str, q: Any, k: Any, v: Any, bounds: Sequence[int], out
                       check_softmax_scale(softmax_scale))
 
 
+# The Hopper module and backend of each operator's benchmark builds (KernelConfig flags).
+HOPPER_MODULES = {"nvfp4": ("nvfp4_wgmma", "wgmma_fp16_nvfp4"), "fp8": ("fp8_wgmma", "wgmma_fp8")}
+
+
+def kernel_only_build(op: str, flags: dict[str, Any], q: Any, k: Any, v: Any, bounds: Sequence[int],
+                      out: Any) -> KernelOnly:
+    """The kernel-only measurement of a benchmark build of ``op``'s Hopper module (its own
+    pre-pass and kernel, through the production backend's launcher), built into the JIT cache
+    first if needed."""
+    from . import backends
+    from .jit import KernelConfig, build_module
+    from .jit.load import load_so
+
+    module_name, backend_name = HOPPER_MODULES[op]
+    module = load_so(build_module(KernelConfig(module_name, arch="sm_90a", flags=flags)))
+    backend = backends.get(op, backend_name)
+    prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
+    return KernelOnly(op, prepared, q, k, v, out, tuple(int(b) for b in bounds), 128**-0.5)
+
+
+def parse_build_flags(spec: str) -> dict[str, int]:
+    """``FLAG=INTEGER,...`` (a benchmark build's KernelConfig flags) as a dict."""
+    flags: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip().isidentifier() or not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"expected FLAG=INTEGER, got {part!r}")
+        flags[key.strip()] = int(value)
+    return flags
+
+
 # ---------------------------------------------------------------------------------------------
 # peers
 # ---------------------------------------------------------------------------------------------
@@ -421,6 +452,133 @@ class GpuSampler:
             import statistics
 
             self.state = GpuState(*(statistics.median(col) for col in zip(*samples, strict=True)))
+
+
+# ---------------------------------------------------------------------------------------------
+# energy: joules a call, from the GPU's own counter
+# ---------------------------------------------------------------------------------------------
+
+
+class EnergyMeter:
+    """The GPU's total energy counter: NVML's ``nvmlDeviceGetTotalEnergyConsumption``
+    (millijoules since the driver loaded; Volta and later), read through ctypes from the
+    driver's ``libnvidia-ml.so.1``, so no Python package is needed. ``read()`` gives joules, or
+    None where NVML or the counter is missing (no GPU, another vendor's driver).
+
+    Why: at the power cap a kernel's time is what its energy allows (the SM clock follows the
+    board power), so joules a call say what a change saves where its time, at another clock,
+    does not (benchmarks/RESULTS.md, twenty-fourth session)."""
+
+    def __init__(self, torch_index: int) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        self._lib: Any = None
+        self._handle = ctypes.c_void_p()
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return
+        if lib.nvmlInit_v2() != 0:
+            return
+        if self._find(lib, torch_index):
+            self._lib = lib
+
+    def _find(self, lib: Any, torch_index: int) -> bool:
+        """NVML's handle of torch's device: by PCI bus id where torch gives it (NVML counts
+        every GPU of the machine, torch those of CUDA_VISIBLE_DEVICES), else by nvidia-smi's
+        index or UUID (nvidia_smi_device)."""
+        ctypes = self._ctypes
+        bus_id = None
+        try:
+            import torch
+
+            props = torch.cuda.get_device_properties(torch_index)
+            bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        except (ImportError, AttributeError, RuntimeError, AssertionError):
+            pass
+        if bus_id is not None:
+            handle = ctypes.byref(self._handle)
+            return lib.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), handle) == 0
+        name = nvidia_smi_device(torch_index)
+        if name.isdigit():
+            return lib.nvmlDeviceGetHandleByIndex_v2(int(name), ctypes.byref(self._handle)) == 0
+        return lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(self._handle)) == 0
+
+    def read(self) -> float | None:
+        if self._lib is None:
+            return None
+        mj = self._ctypes.c_ulonglong()
+        if self._lib.nvmlDeviceGetTotalEnergyConsumption(self._handle, self._ctypes.byref(mj)) != 0:
+            return None
+        return mj.value / 1000.0
+
+
+@dataclass(frozen=True)
+class EnergyPerCall:
+    """One energy window: ``calls`` calls back to back in ``seconds`` (wall clock, from one
+    counter update to another), ``joules`` drawn meanwhile."""
+
+    calls: int
+    seconds: float
+    joules: float
+
+    @property
+    def joules_per_call(self) -> float:
+        return self.joules / self.calls
+
+    @property
+    def watts(self) -> float:
+        return self.joules / self.seconds
+
+    @property
+    def ms_per_call(self) -> float:
+        return 1e3 * self.seconds / self.calls
+
+
+def _next_update(read: Callable[[], float | None], clock: Callable[[], float],
+                 limit_s: float = 0.5) -> tuple[float, float] | None:
+    """(time, joules) at the counter's next change: NVML refreshes it every 20-100 ms, so a window
+    between two changes carries no partial refresh period at either end. None if it never
+    changes within ``limit_s`` (or cannot be read)."""
+    first = read()
+    if first is None:
+        return None
+    start = clock()
+    while clock() - start < limit_s:
+        value = read()
+        if value is None:
+            return None
+        if value != first:
+            return clock(), value
+    return None
+
+
+def energy_per_call(fn: Callable[[], Any], meter: EnergyMeter, seconds: float,
+                    sync: Callable[[], None], clock: Callable[[], float] | None = None
+                    ) -> EnergyPerCall | None:
+    """Calls ``fn`` back to back (``sync`` after each, so the window ends with the GPU's work)
+    for at least ``seconds`` between two updates of the energy counter; None without a counter.
+    The window's tail (from the last call's end to the counter's next update, at most one
+    refresh period of an idle GPU) is inside it: a bias of well under 1 % for windows of seconds
+    at hundreds of watts."""
+    import time
+
+    clock = clock or time.perf_counter
+    fn()
+    sync()
+    begin = _next_update(meter.read, clock)
+    if begin is None:
+        return None
+    calls = 0
+    while calls == 0 or clock() - begin[0] < seconds:
+        fn()
+        sync()
+        calls += 1
+    end = _next_update(meter.read, clock)
+    if end is None:
+        return None
+    return EnergyPerCall(calls, end[0] - begin[0], end[1] - begin[1])
 
 
 # ---------------------------------------------------------------------------------------------
