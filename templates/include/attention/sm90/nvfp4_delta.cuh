@@ -128,5 +128,19 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
   }
 }
 
+// The benchmark builds without delta products (Nvfp4Variant kComputeDelta off): the same
+// positions of the tile get what a zero qbar gives, 0 inside the segment and -inf past it, so the
+// consumers' scores, softmax and P are those of real attention without the delta term (an
+// unwritten buffer would feed them whatever shared memory held).
+__device__ __forceinline__ void tile_delta_mask(float* delta, int valid, int first, int lane) {
+  for (int m = first; m < kTileKeys / 16; m += kDeltaWarps) {
+    if (lane < 16) {
+      const int pos = 16 * m + lane;
+      const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
+      delta[pos] = key < valid ? 0.0f : -INFINITY;
+    }
+  }
+}
+
 }  // namespace sm90
 }  // namespace flashinfer_h3

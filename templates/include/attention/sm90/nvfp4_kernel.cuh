@@ -59,7 +59,7 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
 // their cost, benchmarks/bench_wgmma_variants.py; production = kNvfp4Production).
 enum Nvfp4Variant : int {
   kQuantizeP = 1,    // P quantised to NVFP4 (off: Ptil packed to FP16 as it is)
-  kComputeDelta = 2, // the delta warps' products (off: they only pass the barriers on)
+  kComputeDelta = 2, // the delta warps' products (off: delta = 0 inside the segment, the mask only)
   kSoftmax = 4,      // the softmax (off: S packed to FP16 as P, no exponentials)
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
@@ -189,6 +189,8 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);  // the consumers loaded its last delta
       if constexpr ((kVariant & kComputeDelta) != 0) {
         tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
+      } else {
+        tile_delta_mask(sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
       }
       __syncwarp();  // every lane's ldmatrix of the tile is done before lane 0 releases it
       if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
