@@ -8,11 +8,13 @@ that saves energy gains even where its cycles do not move (benchmarks/RESULTS.md
 session). The ratio the issues' bars name, cuDNN BF16's time over ours, is then close to the ratio
 of the energies a call.
 
-Each row runs its calls back to back (a synchronize after each) for ``--seconds`` between two
-updates of NVML's total energy counter (benchtools.energy_per_call), in ``--rounds`` rounds that
-take every row in turn, and prints the medians over the rounds: milliseconds a call (wall clock
-over the window: the calls and the gaps between them), joules a call, the mean board power, and
-cuDNN BF16's joules and milliseconds over the row's.
+Each row runs its calls back to back (a synchronize after each) for at least ``--seconds`` from
+an update of NVML's total energy counter to its next update after the last call
+(benchtools.energy_per_call), in ``--rounds`` rounds that take every row in turn. Per row it
+prints the round with the median joules a call: milliseconds a call (wall clock of the calls and
+the gaps between them), joules a call (with the idle tail to the counter's next update, under 1 %
+of a window of seconds), the mean power over the calls, and cuDNN BF16's joules and milliseconds
+over the row's (not for the pre-pass rows, a part of a call).
 
     python benchmarks/bench_energy.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix] [--shape 333*184:56]
         [--seconds 4] [--rounds 2] [--fp8-build kv_copies=0] [--nvfp4-build delta=0]
@@ -21,7 +23,7 @@ cuDNN BF16's joules and milliseconds over the row's.
 from __future__ import annotations
 
 import argparse
-import statistics
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +39,7 @@ def _label(op: str, flags: dict[str, int]) -> str:
 
 
 def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], seconds: float,
-        rounds: int, builds: list[tuple[str, dict[str, int]]], meter: benchtools.EnergyMeter
+        rounds: int, builds: list[tuple[str, dict[str, int]]], meter: benchtools.EnergyCounter
         ) -> None:
     q, k, v, cu, bounds = _inputs(lengths, heads, torch.device("cuda"), 0)
     out = torch.empty_like(q)
@@ -75,17 +77,26 @@ def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], seconds
             print(f"  round {r + 1}/{rounds} {name} {row}: {window.calls} calls, "
                   f"{window.ms_per_call:.3f} ms, {window.joules_per_call:.2f} J a call, "
                   f"{window.watts:.0f} W", flush=True)
-    yard_j = statistics.median(w.joules_per_call for w in measured["cuDNN bf16"])
-    yard_ms = statistics.median(w.ms_per_call for w in measured["cuDNN bf16"])
-    print(f"{name} ({sum(lengths)} tokens x {heads} heads), medians of {rounds} rounds of "
-          f">= {seconds:g} s:")
-    print(f"  {'row':52s} {'ms':>9s} {'J':>8s} {'W':>5s}  cuDNN bf16 / this: J, ms")
-    for row, windows in measured.items():
-        j = statistics.median(w.joules_per_call for w in windows)
-        ms = statistics.median(w.ms_per_call for w in windows)
-        watts = statistics.median(w.watts for w in windows)
-        print(f"  {row:52s} {ms:9.3f} {j:8.2f} {watts:5.0f}  {yard_j / j:6.3f} {yard_ms / ms:6.3f}",
-              flush=True)
+    median = {row: median_window(windows) for row, windows in measured.items()}
+    yard = median["cuDNN bf16"]
+    print(f"{name} ({sum(lengths)} tokens x {heads} heads), the median-joules round of "
+          f"{rounds}, >= {seconds:g} s each:")
+    print(f"  {'row':64s} {'ms':>9s} {'J':>8s} {'W':>5s}  cuDNN bf16 / this: J, ms")
+    for row, w in median.items():
+        ratios = ""
+        if "pre-pass" not in row:
+            ratios = (f"  {yard.joules_per_call / w.joules_per_call:6.3f} "
+                      f"{yard.ms_per_call / w.ms_per_call:6.3f}")
+        spread = [x.joules_per_call for x in measured[row]]
+        print(f"  {row:64s} {w.ms_per_call:9.3f} {w.joules_per_call:8.2f} {w.watts:5.0f}{ratios}"
+              f"  (J over rounds {min(spread):.2f}-{max(spread):.2f})", flush=True)
+
+
+def median_window(windows: list[benchtools.EnergyPerCall]) -> benchtools.EnergyPerCall:
+    """The window with the median joules a call (the lower middle one of an even count): its
+    milliseconds, joules and watts come from one run, so they agree with each other."""
+    ordered = sorted(windows, key=lambda w: w.joules_per_call)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def main() -> None:
@@ -105,7 +116,7 @@ def main() -> None:
                         "module with these KernelConfig flags (integers), e.g. kv_copies=0; "
                         "repeatable")
     args = ap.parse_args()
-    if args.seconds <= 0 or args.rounds < 1:
+    if not math.isfinite(args.seconds) or args.seconds <= 0 or args.rounds < 1:
         ap.error("--seconds must be > 0 and --rounds >= 1")
     builds: list[tuple[str, dict[str, int]]] = []
     for op in ("fp8", "nvfp4"):
@@ -126,7 +137,7 @@ def main() -> None:
             shapes.append((text, *benchtools.parse_shape(text)))
         except ValueError as e:
             ap.error(f"--shape: {e}")
-    ops = [op.strip() for op in args.op.split(",") if op.strip()]
+    ops = list(dict.fromkeys(op.strip() for op in args.op.split(",") if op.strip()))
     for op in ops:
         if op not in benchtools.HOPPER_MODULES:
             ap.error(f"--op: unknown op {op!r}; expected nvfp4 or fp8")
@@ -136,8 +147,11 @@ def main() -> None:
     if meter.read() is None:
         raise SystemExit("bench_energy: NVML's energy counter cannot be read on this machine "
                          "(libnvidia-ml.so.1 and a Volta or later GPU are needed)")
-    for name, lengths, heads in shapes:
-        run(name, lengths, heads, ops, args.seconds, args.rounds, builds, meter)
+    try:
+        for name, lengths, heads in shapes:
+            run(name, lengths, heads, ops, args.seconds, args.rounds, builds, meter)
+    finally:
+        meter.close()
 
 
 if __name__ == "__main__":

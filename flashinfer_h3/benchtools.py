@@ -9,7 +9,7 @@ import math
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 HEAD_DIM = 128
 ROWS_PER_SEGMENT = 64
@@ -201,17 +201,21 @@ def kernel_only_build(op: str, flags: dict[str, Any], q: Any, k: Any, v: Any, bo
     module = load_so(build_module(KernelConfig(module_name, arch="sm_90a", flags=flags)))
     backend = backends.get(op, backend_name)
     prepared = backends.Prepared(backend, backend.make_launcher(module, backend), q.device)
-    return KernelOnly(op, prepared, q, k, v, out, tuple(int(b) for b in bounds), 128**-0.5)
+    return KernelOnly(op, prepared, q, k, v, out, tuple(int(b) for b in bounds), HEAD_DIM**-0.5)
 
 
 def parse_build_flags(spec: str) -> dict[str, int]:
     """``FLAG=INTEGER,...`` (a benchmark build's KernelConfig flags) as a dict."""
+    import re
+
     flags: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip().isidentifier() or not value.strip().lstrip("-").isdigit():
+        key, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or not key.isidentifier() or re.fullmatch(r"-?[0-9]+", value) is None:
             raise ValueError(f"expected FLAG=INTEGER, got {part!r}")
-        flags[key.strip()] = int(value)
+        if key in flags:
+            raise ValueError(f"flag {key!r} given twice in {spec!r}")
+        flags[key] = int(value)
     return flags
 
 
@@ -463,7 +467,8 @@ class EnergyMeter:
     """The GPU's total energy counter: NVML's ``nvmlDeviceGetTotalEnergyConsumption``
     (millijoules since the driver loaded; Volta and later), read through ctypes from the
     driver's ``libnvidia-ml.so.1``, so no Python package is needed. ``read()`` gives joules, or
-    None where NVML or the counter is missing (no GPU, another vendor's driver).
+    None where NVML or the counter is missing (no GPU, another vendor's driver). On a MIG slice
+    the counter is the whole GPU's.
 
     Why: at the power cap a kernel's time is what its energy allows (the SM clock follows the
     board power), so joules a call say what a change saves where its time, at another clock,
@@ -483,27 +488,28 @@ class EnergyMeter:
             return
         if self._find(lib, torch_index):
             self._lib = lib
+        else:
+            lib.nvmlShutdown()
 
     def _find(self, lib: Any, torch_index: int) -> bool:
         """NVML's handle of torch's device: by PCI bus id where torch gives it (NVML counts
-        every GPU of the machine, torch those of CUDA_VISIBLE_DEVICES), else by nvidia-smi's
-        index or UUID (nvidia_smi_device)."""
+        every GPU of the machine, torch those of CUDA_VISIBLE_DEVICES), else (or if that fails)
+        by nvidia-smi's index or UUID (nvidia_smi_device)."""
         ctypes = self._ctypes
-        bus_id = None
+        handle = ctypes.byref(self._handle)
         try:
             import torch
 
             props = torch.cuda.get_device_properties(torch_index)
             bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            if lib.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), handle) == 0:
+                return True
         except (ImportError, AttributeError, RuntimeError, AssertionError):
             pass
-        if bus_id is not None:
-            handle = ctypes.byref(self._handle)
-            return lib.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), handle) == 0
         name = nvidia_smi_device(torch_index)
         if name.isdigit():
-            return lib.nvmlDeviceGetHandleByIndex_v2(int(name), ctypes.byref(self._handle)) == 0
-        return lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(self._handle)) == 0
+            return lib.nvmlDeviceGetHandleByIndex_v2(int(name), handle) == 0
+        return lib.nvmlDeviceGetHandleByUUID(name.encode(), handle) == 0
 
     def read(self) -> float | None:
         if self._lib is None:
@@ -513,14 +519,29 @@ class EnergyMeter:
             return None
         return mj.value / 1000.0
 
+    def close(self) -> None:
+        """Releases NVML (nvmlShutdown); ``read()`` gives None afterwards."""
+        if self._lib is not None:
+            self._lib.nvmlShutdown()
+            self._lib = None
+
+
+class EnergyCounter(Protocol):
+    """What energy_per_call reads: joules so far, or None (EnergyMeter, or a test's stand-in)."""
+
+    def read(self) -> float | None: ...
+
 
 @dataclass(frozen=True)
 class EnergyPerCall:
-    """One energy window: ``calls`` calls back to back in ``seconds`` (wall clock, from one
-    counter update to another), ``joules`` drawn meanwhile."""
+    """One energy window: ``calls`` calls back to back, busy for ``busy_seconds`` (wall clock,
+    from the counter update that opens the window to the last call's end), and ``joules`` drawn
+    from that update to the next one after the last call. The joules include that idle tail (at
+    most one refresh period, ~0.1 s on an H100: under 1 % of a window of seconds at hundreds of
+    watts, at idle power); the busy time does not, so ``ms_per_call`` is the calls' own."""
 
     calls: int
-    seconds: float
+    busy_seconds: float
     joules: float
 
     @property
@@ -529,18 +550,19 @@ class EnergyPerCall:
 
     @property
     def watts(self) -> float:
-        return self.joules / self.seconds
+        """Joules over the busy time: the calls' mean power (high by the idle tail's joules)."""
+        return self.joules / self.busy_seconds
 
     @property
     def ms_per_call(self) -> float:
-        return 1e3 * self.seconds / self.calls
+        return 1e3 * self.busy_seconds / self.calls
 
 
 def _next_update(read: Callable[[], float | None], clock: Callable[[], float],
-                 limit_s: float = 0.5) -> tuple[float, float] | None:
-    """(time, joules) at the counter's next change: NVML refreshes it every 20-100 ms, so a window
-    between two changes carries no partial refresh period at either end. None if it never
-    changes within ``limit_s`` (or cannot be read)."""
+                 limit_s: float) -> tuple[float, float] | None:
+    """(time, joules) at the counter's next change: NVML refreshes it every ~20-100 ms, so a
+    window that opens on a change carries no partial refresh period at its start. None if it
+    never changes within ``limit_s`` (or cannot be read)."""
     first = read()
     if first is None:
         return None
@@ -554,31 +576,32 @@ def _next_update(read: Callable[[], float | None], clock: Callable[[], float],
     return None
 
 
-def energy_per_call(fn: Callable[[], Any], meter: EnergyMeter, seconds: float,
-                    sync: Callable[[], None], clock: Callable[[], float] | None = None
-                    ) -> EnergyPerCall | None:
-    """Calls ``fn`` back to back (``sync`` after each, so the window ends with the GPU's work)
-    for at least ``seconds`` between two updates of the energy counter; None without a counter.
-    The window's tail (from the last call's end to the counter's next update, at most one
-    refresh period of an idle GPU) is inside it: a bias of well under 1 % for windows of seconds
-    at hundreds of watts."""
+def energy_per_call(fn: Callable[[], Any], meter: EnergyCounter, seconds: float,
+                    sync: Callable[[], None], clock: Callable[[], float] | None = None,
+                    update_limit_s: float = 2.0) -> EnergyPerCall | None:
+    """Calls ``fn`` back to back (``sync`` after each, so the busy time ends with the GPU's
+    work) for at least ``seconds``, from one update of the energy counter; the joules run to the
+    counter's next update after the last call (EnergyPerCall). None without a counter, or if it
+    does not update within ``update_limit_s``."""
     import time
 
     clock = clock or time.perf_counter
     fn()
     sync()
-    begin = _next_update(meter.read, clock)
+    begin = _next_update(meter.read, clock, update_limit_s)
     if begin is None:
         return None
     calls = 0
-    while calls == 0 or clock() - begin[0] < seconds:
+    busy_end = begin[0]
+    while calls == 0 or busy_end - begin[0] < seconds:
         fn()
         sync()
         calls += 1
-    end = _next_update(meter.read, clock)
+        busy_end = clock()
+    end = _next_update(meter.read, clock, update_limit_s)
     if end is None:
         return None
-    return EnergyPerCall(calls, end[0] - begin[0], end[1] - begin[1])
+    return EnergyPerCall(calls, busy_end - begin[0], end[1] - begin[1])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The joules-a-call helpers of benchmarks/bench_energy.py (benchtools.EnergyMeter,
-energy_per_call) and the benchmark scripts' build flags, on the CPU: a simulated energy counter
-that updates every 50 ms stands for NVML's."""
+energy_per_call) and the benchmark scripts' build flags, on the CPU: a simulated GPU that draws
+700 W while a call runs and 100 W otherwise, with an energy counter refreshed every 50 ms, stands
+for NVML's."""
 
 from __future__ import annotations
 
@@ -17,34 +18,50 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Gpu:
-    """Simulated time (s) and a counter of ``watts`` refreshed every ``period`` s, as NVML's."""
+    """Simulated time (s) and energy (J): ``busy_w`` during a call, ``idle_w`` otherwise (the
+    polling of the wait included); ``read()`` gives the energy at the last refresh instant."""
 
-    def __init__(self, watts: float = 700.0, period: float = 0.05, call_s: float = 0.1) -> None:
-        self.t, self.watts, self.period, self.call_s = 0.0, watts, period, call_s
+    def __init__(self, busy_w: float = 700.0, idle_w: float = 100.0, period: float = 0.05,
+                 call_s: float = 0.1) -> None:
+        self.busy_w, self.idle_w, self.period, self.call_s = busy_w, idle_w, period, call_s
+        self.t = 0.0
+        self.history = [(0.0, 0.0, idle_w)]  # (time, energy, power from then on)
+
+    def _advance(self, dt: float, watts: float) -> None:
+        """``dt`` seconds at ``watts``, then idle again."""
+        self.history.append((self.t, self.energy_at(self.t), watts))
+        self.t += dt
+        self.history.append((self.t, self.energy_at(self.t), self.idle_w))
+
+    def energy_at(self, when: float) -> float:
+        for t0, e0, w0 in reversed(self.history):  # the latest state change at or before
+            if t0 <= when:
+                return e0 + w0 * (when - t0)
+        raise AssertionError("before the simulation's start")
 
     def clock(self) -> float:
-        self.t += 1e-4  # each look at the clock (a spin of the wait) takes a little time
+        self._advance(1e-4, self.idle_w)  # each look at the clock takes a little idle time
         return self.t
 
     def read(self) -> float:
-        return self.watts * self.period * math.floor(self.t / self.period)
+        return self.energy_at(self.period * math.floor(self.t / self.period))
 
     def call(self) -> None:
-        self.t += self.call_s
+        self._advance(self.call_s, self.busy_w)
 
 
-def test_energy_per_call_on_a_simulated_counter() -> None:
+def test_energy_per_call_on_a_simulated_gpu() -> None:
     gpu = _Gpu()
     window = benchtools.energy_per_call(gpu.call, gpu, 1.0, lambda: None, clock=gpu.clock)
     assert window is not None
     assert window.calls == 10
-    # The window runs from one counter update to another: its energy is the power times its
-    # length exactly, and the calls fill it up to the tail before the last update.
-    assert window.joules == pytest.approx(700.0 * window.seconds, rel=1e-9)
-    assert window.watts == pytest.approx(700.0)
-    assert 1.0 <= window.seconds < 1.0 + 0.1 + 0.05 + 0.01
-    assert window.joules_per_call == pytest.approx(window.joules / 10)
-    assert window.ms_per_call == pytest.approx(1e3 * window.seconds / 10)
+    # The busy time is the calls' own (each call and the clock look after it), not the idle
+    # tail up to the counter's next refresh.
+    assert window.ms_per_call == pytest.approx(100.0, rel=2e-3)
+    # The joules are the calls' 70 J each plus the idle tail (at most one 50 ms refresh period at
+    # 100 W over ten calls: +0.5 J a call) and the clock looks at idle power.
+    assert 70.0 <= window.joules_per_call <= 70.0 + 0.5 + 0.1
+    assert 700.0 <= window.watts <= 700.0 * 1.01
 
 
 def test_energy_per_call_without_a_counter() -> None:
@@ -63,24 +80,43 @@ def test_energy_per_call_without_a_counter() -> None:
     frozen = benchtools.energy_per_call(gpu.call, Frozen(), 1.0, lambda: None, clock=gpu.clock)
     assert frozen is None
 
+    class OnceOnly:  # updates once (the window opens), then stops: no end, no window
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def read(self) -> float:
+            self.reads += 1
+            return 0.0 if self.reads < 3 else 1.0
+
+    once = benchtools.energy_per_call(gpu.call, OnceOnly(), 0.5, lambda: None, clock=gpu.clock,
+                                      update_limit_s=0.2)
+    assert once is None
+
 
 def test_energy_meter_reads_joules_or_none() -> None:
-    # No NVML here (CI) gives None; with a GPU, a positive count of joules since the driver loaded.
-    value = benchtools.EnergyMeter(0).read()
+    # Without NVML (CI) None, and close() is harmless; with a GPU, joules since the driver loaded.
+    meter = benchtools.EnergyMeter(0)
+    value = meter.read()
     assert value is None or value > 0
+    meter.close()
+    assert meter.read() is None
 
 
 def test_parse_build_flags() -> None:
     assert benchtools.parse_build_flags("kv_copies=0, q_in_kernel=2") == {"kv_copies": 0,
                                                                           "q_in_kernel": 2}
+    assert benchtools.parse_build_flags("stages=-1") == {"stages": -1}
     assert benchtools.parse_build_flags("") == {}
-    for bad in ("kv_copies", "kv_copies=x", "=1", "a=1.5"):
+    for bad in ("kv_copies", "kv_copies=x", "=1", "a=1.5", "a=\u00b2", "a b=1"):
         with pytest.raises(ValueError, match="FLAG=INTEGER"):
             benchtools.parse_build_flags(bad)
+    with pytest.raises(ValueError, match="given twice"):
+        benchtools.parse_build_flags("a=1,a=2")
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--seconds", "0"], "--seconds must be > 0"),
+    (["--seconds", "nan"], "--seconds must be > 0"),
     (["--fp8-build", "kv_copies"], "--fp8-build: expected FLAG=INTEGER"),
     (["--preset", "h3-11s"], "unknown preset 'h3-11s'"),
     (["--op", "int8"], "unknown op 'int8'"),
