@@ -3,14 +3,15 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|energy|none|all]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
 # SMs and beside the attention kernel; variants: benchmark builds against production; against:
 # production against an earlier commit's build and benchmark builds, short segments too; l2:
-# what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; see below;
-# none is part of all)
+# what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; energy:
+# joules a call (bench_energy.py); none: only the setup (wheels, cache, info, warmup), for commands
+# of one's own after it; see below; none of these is part of all)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
 # `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
@@ -156,6 +157,16 @@ if [[ $what == l2 ]]; then
     # What re-reading each chunk of a 1 GiB buffer right after its first read saves against a
     # second DRAM read, by chunk size: what a single pass over K and V in the pre-pass could save.
     timeout 200 python3 benchmarks/bench_l2_reuse.py 2>&1 | tee "$OUT/l2_reuse.log"
+fi
+
+if [[ $what == energy ]]; then
+    # Joules a call (benchmarks/bench_energy.py): both operators' whole calls, pre-passes and
+    # kernels, cuDNN BF16, and the benchmark builds ENERGY_BUILDS names (bench_energy.py options,
+    # e.g. "--nvfp4-build delta=0 --fp8-build kv_copies=0"; build them into a carried cache).
+    read -ra energy_builds <<< "${ENERGY_BUILDS:-}"
+    timeout "${ENERGY_TIMEOUT:-300}" python3 benchmarks/bench_energy.py \
+        --preset "${ENERGY_PRESETS:-h3-10s,h3-mix}" --seconds "${ENERGY_SECONDS:-2.5}" \
+        --rounds "${ENERGY_ROUNDS:-2}" "${energy_builds[@]}" 2>&1 | tee "$OUT/energy.log"
 fi
 
 if [[ $what == variants ]]; then
