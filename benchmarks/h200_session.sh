@@ -172,11 +172,12 @@ fi
 if [[ $what == variants ]]; then
     # Benchmark-only builds against production, kernel only, the three presets, one process
     # (VARIANT_OP: fp8 or nvfp4; VARIANT_ONLY: bench_wgmma_variants.py --only), after the GPU
-    # tests that VARIANT_TESTS selects (pytest -k) in the kernels' files.
+    # tests that VARIANT_TESTS selects (pytest -k) in that op's wgmma kernel files (e.g. nvfp4 with
+    # VARIANT_TESTS=delta_wg: the delta_wgmma build's file).
     {
         if [[ -n ${VARIANT_TESTS:-} ]]; then
             timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x -k "$VARIANT_TESTS" \
-                tests/kernels/test_attention_fp8_wgmma_gpu.py 2>&1 | tail -n 15
+                tests/kernels/test_attention_"${VARIANT_OP:-fp8}"_wgmma*_gpu.py 2>&1 | tail -n 15
         fi
         timeout 400 python3 benchmarks/bench_wgmma_variants.py --op "${VARIANT_OP:-fp8}" \
             --preset h3-10s,h3-mix,h3-15s-sp4 --only "${VARIANT_ONLY:-none}" --iters 5 --rounds 3 --oracle

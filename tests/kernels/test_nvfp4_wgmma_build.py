@@ -140,6 +140,28 @@ def test_producer_waits_suspend() -> None:
     assert "NANOSLEEP" not in bt.sass(polling, KERNEL)
 
 
+def test_delta_on_wgmma_build() -> None:
+    """The ``delta_wgmma=True`` benchmark build (Nvfp4Variant kDeltaOnWgmma): the delta products
+    as ``HGMMA.64x8x16.F32`` with A from registers (8 k16 steps, the loop over the tile's two m64
+    blocks rolled) by a fourth warpgroup, no mma.sync left, the consumers' 32 FP16 wgmmas as in
+    production; 512 threads whose register split (TMA 40, delta 72, consumers 200) leaves no
+    local memory; its qbar rows after the storage (2 KB more shared memory than production)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_wgmma": True})))
+    sass = bt.sass(so, KERNEL)
+    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, R\d+, gdesc", sass)) == 8
+    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+    assert "HMMA.16816" not in sass
+    for regs in (0x28, 0x48):
+        assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
+    bt.assert_no_local_memory(so, KERNEL)
+    production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
+    smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
+    assert smem == int(bt.load(production).attention_nvfp4_wgmma_smem_bytes()) + 2048 <= MAX_SMEM
+
+
 # ---------------------------------------------------------------------------------------------
 # e2m1_round_nonneg on the CPU
 # ---------------------------------------------------------------------------------------------

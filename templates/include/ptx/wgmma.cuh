@@ -241,5 +241,23 @@ __device__ __forceinline__ void wgmma_m64n64k16_f16_ss(float (&d)[32], uint64_t 
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D (+)= A B^T, m64n8k16, f16 x f16 -> FP32, A from registers (the layout above: each warp's
+// 16 rows, the mma.sync m16n8k16 A fragment, e.g. ldmatrix.x4's), B from shared memory: 8 K-major
+// rows in the 128-byte swizzle (one 1 KB atom of 8 rows x 64 f16 per 64 channels). PTX ISA
+// 9.7.15.5.2 (wgmma.mma_async, N = 8 the smallest for 16-bit inputs). Accumulator: d[2r + e] =
+// D[16w + g + 8r][2t + e]. The NVFP4 kernel's delta products (nvfp4_delta.cuh, a benchmark build).
+__device__ __forceinline__ void wgmma_m64n8k16_f16_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                      uint32_t accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

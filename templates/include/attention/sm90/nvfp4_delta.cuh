@@ -28,6 +28,8 @@
 #include "../../ptx/ldmatrix.cuh"
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/mma_sync.cuh"
+#include "../../ptx/warpgroup.cuh"
+#include "../../ptx/wgmma.cuh"
 #include "nvfp4_key_order.cuh"
 #include "nvfp4_shared_storage.cuh"
 
@@ -42,10 +44,15 @@ struct QbarOperand {
   float unscale;  // 2^-k
 };
 
-// `parts` (shared memory, the delta warp's own): 2 x 64 f16x2 words, the hi then the lo parts
-// of the 128 channels, the A fragments' staging area (32 shuffled floats in registers would not
-// fit the producer's budget).
-__device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict__ qbar, uint32_t* parts, int lane) {
+// A lane's four channels of qbar (4 lane .. 4 lane + 3) times 2^k, with k over the warp's 128
+// channels putting the largest |qbar| 2^k in [2^14, 2^15) (qbar_fp16_parts splits them; 2^-k
+// undoes the scale: qbar_unscale).
+struct QbarLaneValues {
+  float x[4];
+  int k;
+};
+
+__device__ __forceinline__ QbarLaneValues qbar_lane_values(const float* __restrict__ qbar, int lane) {
   // The largest |qbar|: four channels a lane, then the warp.
   const float4 x4 = __ldg(reinterpret_cast<const float4*>(qbar) + lane);
   float amax = fmaxf(fmaxf(fabsf(x4.x), fabsf(x4.y)), fmaxf(fabsf(x4.z), fabsf(x4.w)));
@@ -54,18 +61,36 @@ __device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict
   // amax = f 2^(E - 1), f in [1, 2): k = 15 - E puts it in [2^14, 2^15). Clamped so that 2^k and
   // 2^-k are normal floats (a subnormal or zero amax gets the largest k; inf/NaN inputs stay so).
   const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);  // E + 126
-  const int k = min(max(141 - biased, -126), 126);
-  const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
-  // The lane's four channels 4 lane .. + 3 as FP16 parts: hi = fp16(x), lo = fp16(x - hi).
-  const float x[4] = {x4.x * scale, x4.y * scale, x4.z * scale, x4.w * scale};  // exact: a power of two
+  QbarLaneValues v;
+  v.k = min(max(141 - biased, -126), 126);
+  const float scale = __uint_as_float(static_cast<uint32_t>(127 + v.k) << 23);
+  v.x[0] = x4.x * scale;  // exact: a power of two
+  v.x[1] = x4.y * scale;
+  v.x[2] = x4.z * scale;
+  v.x[3] = x4.w * scale;
+  return v;
+}
+
+// Two scaled channels as f16x2 words: hi = fp16(x), lo = fp16(x - hi).
+__device__ __forceinline__ void qbar_fp16_parts(float x0, float x1, uint32_t& hi_word, uint32_t& lo_word) {
+  const __half hi0 = __float2half_rn(x0), hi1 = __float2half_rn(x1);
+  const __half2 hi = __halves2half2(hi0, hi1);
+  const __half2 lo = __floats2half2_rn(x0 - __half2float(hi0), x1 - __half2float(hi1));
+  hi_word = *reinterpret_cast<const uint32_t*>(&hi);
+  lo_word = *reinterpret_cast<const uint32_t*>(&lo);
+}
+
+__device__ __forceinline__ float qbar_unscale(int k) { return __uint_as_float(static_cast<uint32_t>(127 - k) << 23); }
+
+// `parts` (shared memory, the delta warp's own): 2 x 64 f16x2 words, the hi then the lo parts
+// of the 128 channels, the A fragments' staging area (32 shuffled floats in registers would not
+// fit the producer's budget).
+__device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict__ qbar, uint32_t* parts, int lane) {
+  const QbarLaneValues v = qbar_lane_values(qbar, lane);
   __syncwarp();  // the previous item's fragments were read from `parts`
 #pragma unroll
   for (int pair = 0; pair < 2; ++pair) {
-    const __half hi0 = __float2half_rn(x[2 * pair]), hi1 = __float2half_rn(x[2 * pair + 1]);
-    const __half2 hi = __halves2half2(hi0, hi1);
-    const __half2 lo = __floats2half2_rn(x[2 * pair] - __half2float(hi0), x[2 * pair + 1] - __half2float(hi1));
-    parts[2 * lane + pair] = *reinterpret_cast<const uint32_t*>(&hi);
-    parts[64 + 2 * lane + pair] = *reinterpret_cast<const uint32_t*>(&lo);
+    qbar_fp16_parts(v.x[2 * pair], v.x[2 * pair + 1], parts[2 * lane + pair], parts[64 + 2 * lane + pair]);
   }
   __syncwarp();
   // Fragment (kk, h) of lane 4g + t: channels 16 kk + 8h + 2t, +1 of column g, i.e. word
@@ -73,7 +98,7 @@ __device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict
   const int g = lane >> 2, t = lane & 3;
   const uint32_t* mine = parts + (g == 1 ? 64 : 0) + t;
   QbarOperand op;
-  op.unscale = __uint_as_float(static_cast<uint32_t>(127 - k) << 23);
+  op.unscale = qbar_unscale(v.k);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     op.b0[kk] = g < 2 ? mine[8 * kk] : 0u;
@@ -123,6 +148,84 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
           const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
           delta[pos] = key < valid ? (acc[i][2 * r] + acc[i][2 * r + 1]) * qb.unscale : -INFINITY;
         }
+      }
+    }
+  }
+}
+
+// ---- the delta products as wgmma (benchmark build kDeltaOnWgmma) ------------------------------
+// A fourth warpgroup instead of the three delta warps: per K tile, two m64 blocks of eight k16
+// steps of `wgmma m64n8k16` (RS): A = the block's K' rows, each warp's 16 rows by ldmatrix.x4 as
+// in tile_delta; B = qbar's hi and lo parts, rows 0 and 1 of eight in shared memory
+// (DeltaQbarRows). The same 128 x 8 x 128 products on zeros in six of eight columns, but through
+// the wgmma path rather than 64 mma.sync: what the measurement is for (benchmarks/RESULTS.md,
+// twenty-fourth session: the mma.sync delta costs the kernel 4-6 %).
+
+// Descriptor units (>> 4) of k16 step kk in the qbar rows: atom kk / 4, 32 bytes a step.
+__host__ __device__ constexpr uint64_t qbar_k16_offset(int kk) {
+  return static_cast<uint64_t>((kk >> 2) * 1024 + 32 * (kk & 3)) >> 4;
+}
+
+// Rows 2-7 of both atoms to zero (B's unused columns), once; the writes are fenced for the async
+// proxy, and the first item's barrier (write_qbar_rows) orders them before any wgmma.
+__device__ __forceinline__ void zero_qbar_rows(uint8_t* rows, int tid) {
+  if (tid < 96) {  // 2 atoms x 6 rows x 8 chunks of 16 bytes
+    const int atom = tid / 48, row = 2 + (tid % 48) / 8, chunk = tid % 8;
+    *reinterpret_cast<uint4*>(rows + atom * 1024 + row * 128 + 16 * chunk) = make_uint4(0u, 0u, 0u, 0u);
+    ptx::fence_proxy_async_shared();
+  }
+}
+
+// The item's qbar into rows 0 (hi) and 1 (lo): warp 0 writes (lane l: channels 4l .. 4l + 3, in
+// atom l / 16, 16-byte chunk (l % 16) / 2 of the row swizzled by the row index, half l % 2), then
+// the warpgroup meets, so no wgmma reads the rows before they are written. Every warp computes the
+// same scale (qbar_lane_values), so every thread has the unscale.
+__device__ __forceinline__ float write_qbar_rows(const float* __restrict__ qbar, uint8_t* rows, int warp, int lane) {
+  const QbarLaneValues v = qbar_lane_values(qbar, lane);
+  if (warp == 0) {
+    uint32_t hi[2], lo[2];
+    qbar_fp16_parts(v.x[0], v.x[1], hi[0], lo[0]);
+    qbar_fp16_parts(v.x[2], v.x[3], hi[1], lo[1]);
+    const int atom = lane >> 4, chunk = (lane & 15) >> 1;
+    uint8_t* at = rows + atom * 1024 + 8 * (lane & 1);
+    *reinterpret_cast<uint2*>(at + 16 * chunk) = make_uint2(hi[0], hi[1]);          // row 0: chunk ^ 0
+    *reinterpret_cast<uint2*>(at + 128 + 16 * (chunk ^ 1)) = make_uint2(lo[0], lo[1]);  // row 1
+    ptx::fence_proxy_async_shared();
+  }
+  ptx::named_barrier_sync(kDeltaWarpgroup, kWarpgroupThreads);
+  return qbar_unscale(v.k);
+}
+
+// delta of the K tile at `k_tile` (two 64-channel atoms of 128 rows) into delta[position],
+// -inf at or past `valid`. Called by all 128 threads of the delta warpgroup; returns once its
+// wgmmas completed (the tile may then be released).
+__device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale, const uint8_t* k_tile, float* delta,
+                                                 int valid, int warp, int lane) {
+  const uint32_t k_base = ptx::smem_addr(k_tile);
+  const int row_in_block = (lane & 7) + 8 * ((lane >> 3) & 1), half = lane >> 4;
+#pragma unroll 1  // one block's 32 A registers at a time (the warpgroup's 72)
+  for (int b = 0; b < 2; ++b) {
+    const int row = 64 * b + 16 * warp + row_in_block;
+    uint32_t a[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int chunk = 2 * kk + half;
+      ptx::ldmatrix_x4(a[kk], k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) ptx::wgmma_m64n8k16_f16_rs(d, a[kk], b_desc + qbar_k16_offset(kk), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(d);
+    // Lane 4g (t = 0) holds columns 0 (hi) and 1 (lo) of rows g and g + 8 of the warp's 16.
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int pos = 64 * b + 16 * warp + (lane >> 2) + 8 * r;
+        const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
+        delta[pos] = key < valid ? (d[2 * r] + d[2 * r + 1]) * unscale : -INFINITY;
       }
     }
   }

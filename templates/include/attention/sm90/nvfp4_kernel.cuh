@@ -54,6 +54,13 @@ constexpr uint32_t kNvfp4ConsumerRegs = 200;
 static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kConsumers * kWarpgroupThreads <=
                   168 * kThreads,
               "the consumers' registers must come from the producer's");
+// The kDeltaOnWgmma builds: four warpgroups (TMA, delta, two consumers), 128 registers a thread at
+// launch; the consumers keep production's 200.
+constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
+constexpr uint32_t kNvfp4DeltaWgRegs = 72;
+static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <= 65536,
+              "the four warpgroups' registers must fit the register file");
+
 
 // What a build computes (KernelConfig flags of benchmark-only builds switch parts off to measure
 // their cost, benchmarks/bench_wgmma_variants.py; production = kNvfp4Production).
@@ -72,9 +79,19 @@ enum Nvfp4Variant : int {
   // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
   // twenty-third session, before RowDivisor kept -0 and infinities).
   kRowDivisorEpilogue = 512,
+  // Not in production (a benchmark build adds it): the delta products as wgmma m64n8k16 by a fourth
+  // warpgroup instead of mma.sync on three producer warps (nvfp4_delta.cuh tile_delta_wgmma;
+  // produce_delta_wg): 512 threads a CTA.
+  kDeltaOnWgmma = 1024,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding,
 };
+// Threads a CTA of the build kVariant.
+template <int kVariant>
+constexpr int nvfp4_threads() {
+  return (kVariant & kDeltaOnWgmma) != 0 ? (2 + kConsumers) * kWarpgroupThreads : kThreads;
+}
+
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
 // block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %). Measured, not built:
@@ -195,6 +212,37 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
       __syncwarp();  // every lane's ldmatrix of the tile is done before lane 0 releases it
       if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
       ptx::mbarrier_arrive(&sm.delta_full[st]);  // each lane publishes its own delta writes
+    }
+  }
+}
+
+// The delta warpgroup of the kDeltaOnWgmma builds (warpgroup 1; tid = its thread 0..127): per
+// item its qbar rows, per K tile the delta of all 128 positions (tile_delta_wgmma).
+template <int kVariant, uint32_t kWaitSleepNs, class Smem>
+__device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p, int tid) {
+  constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
+  static_assert((kVariant & kComputeDelta) != 0, "the delta warpgroup builds compute the delta");
+  const int warp = tid / 32, lane = tid % 32;
+  uint8_t* rows = delta_qbar_rows(sm).atoms[0];
+  const uint64_t b_desc = ptx::wgmma_desc_sw128(rows);
+  zero_qbar_rows(rows, tid);
+  RingSlot slot;
+  for (int w = blockIdx.x, items = 0;; ++items) {
+    WorkItem it;
+    if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
+    if constexpr (!kDynamic) w += gridDim.x;
+    const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
+    // The last tile's wgmmas completed (tile_delta_wgmma waits): the rows may be rewritten.
+    const float unscale = write_qbar_rows(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    for (int t = 0; t < tiles; ++t, ++slot.index) {
+      const int st = slot.stage<Smem::kKStages>();
+      const uint32_t parity = slot.parity<Smem::kKStages>();
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
+      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
+      tile_delta_wgmma(b_desc, unscale, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, warp, lane);
+      if (tid == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);  // every warp's ldmatrix fed a completed wgmma
+      ptx::mbarrier_arrive(&sm.delta_full[st]);              // each thread publishes its own writes
     }
   }
 }
@@ -397,15 +445,16 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 // hint.
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
           uint32_t kWaitSleepNs = kProducerWaitSleepNs>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
   using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
   if (threadIdx.x == 0) {
-    init_barriers(sm);
+    init_barriers<kDeltaWg>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
@@ -415,6 +464,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     fill_p_scale_table<(kVariant & kFoldPScale) != 0 && (kVariant & kQuantizeP) != 0>(threadIdx.x, sm.recip, sm.p_fold);
   }
   __syncthreads();
+  if constexpr (kDeltaWg) {
+    if (warpgroup == 0) {
+      ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
+      if (threadIdx.x == 0) {
+        produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k,
+                                                                                                     &tm_v, p);
+      }
+    } else if (warpgroup == 1) {
+      ptx::setmaxnreg_dec<kNvfp4DeltaWgRegs>();
+      produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
+    } else {
+      ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();
+      consume<kVariant>(sm, p, warpgroup - 2);
+    }
+    return;
+  }
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {

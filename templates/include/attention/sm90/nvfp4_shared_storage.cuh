@@ -53,10 +53,26 @@ struct alignas(1024) Nvfp4SharedStorage {
   ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
 };
 
-// Dynamic shared memory to request (+ slack to align the start to 1024 bytes).
-template <int kKDepth, int kVDepth>
+// The delta warpgroup's B operand (benchmark build kDeltaOnWgmma, nvfp4_delta.cuh): qbar's FP16
+// hi and lo parts as rows 0 and 1 of 8 K-major rows (rows 2-7 zero) in the 128-byte swizzle, one
+// 1 KB atom per 64 channels. It follows the storage in dynamic shared memory (delta_qbar_rows),
+// so the production layout is unchanged.
+struct alignas(1024) DeltaQbarRows {
+  uint8_t atoms[2][1024];
+};
+
+template <class Smem>
+__device__ __forceinline__ DeltaQbarRows& delta_qbar_rows(Smem& sm) {
+  static_assert(sizeof(Smem) % 1024 == 0, "the qbar rows start 1024-byte aligned after the storage");
+  return *reinterpret_cast<DeltaQbarRows*>(reinterpret_cast<uint8_t*>(&sm) + sizeof(Smem));
+}
+
+// Dynamic shared memory to request (+ slack to align the start to 1024 bytes); kDeltaWg: with the
+// delta warpgroup's qbar rows after the storage.
+template <int kKDepth, int kVDepth, bool kDeltaWg = false>
 constexpr int nvfp4_smem_bytes() {
-  return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth>)) + 1024;
+  return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth>) + (kDeltaWg ? sizeof(DeltaQbarRows) : 0)) +
+         1024;
 }
 static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages>() <= 227 * 1024,
               "Hopper allows 227 KB of shared memory per block");
@@ -71,21 +87,25 @@ static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages>() <= 227 * 1024,
 constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
-template <int kKDepth, int kVDepth>
+// kDeltaWg (benchmark build kDeltaOnWgmma): the delta products of a whole warpgroup instead of
+// three warps; it releases each K tile once (one thread, after its wgmmas) and every one of its
+// threads publishes its own delta writes and reads the item.
+template <bool kDeltaWg = false, int kKDepth, int kVDepth>
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
+  constexpr uint32_t kDeltaReaders = kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaWarps);
-    ptx::mbarrier_init(&s.delta_full[i], kDeltaThreads);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers + (kDeltaWg ? 1 : kDeltaWarps));
+    ptx::mbarrier_init(&s.delta_full[i], kDeltaReaders);
     ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
   }
   for (int i = 0; i < kVDepth; ++i) {
     ptx::mbarrier_init(&s.v_full[i], 1);
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
   }
-  ptx::mbarrier_init(&s.item.empty, kConsumerThreads + kDeltaThreads);  // the item's readers
+  ptx::mbarrier_init(&s.item.empty, kConsumerThreads + kDeltaReaders);  // the item's readers
   ptx::fence_mbarrier_init();
 }
 

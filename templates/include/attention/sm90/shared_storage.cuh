@@ -132,7 +132,9 @@ struct RingSlot {
 // consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
 // the other's tensor-core work.
 // kQuantizers: the FP8 kernel's Q quantizer warps (fp8_q_quantizer.cuh) between their phases.
-enum NamedBarrier : uint32_t { kTurn = 1, kQuantizers = 3 };
+// kDeltaWarpgroup: the NVFP4 delta warpgroup (benchmark build kDeltaOnWgmma, nvfp4_delta.cuh) once
+// an item's qbar operand is in shared memory.
+enum NamedBarrier : uint32_t { kTurn = 1, kQuantizers = 3, kDeltaWarpgroup = 4 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 
 // Consumer c's side of the ping-pong: wait() before its GEMM phase, pass() once its GEMMs are
