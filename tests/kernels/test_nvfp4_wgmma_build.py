@@ -157,6 +157,9 @@ def test_delta_on_wgmma_build() -> None:
         assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
     bt.assert_no_local_memory(so, KERNEL)
+    # The split needs the launch's whole register file: 512 threads of 128 registers (a CTA that
+    # started with fewer would spin in the consumers' increase).
+    assert bt.resources(so, KERNEL)["REG"] == 128
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
     smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
     assert smem == int(bt.load(production).attention_nvfp4_wgmma_smem_bytes()) + 2048 <= MAX_SMEM

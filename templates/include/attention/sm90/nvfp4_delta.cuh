@@ -176,12 +176,15 @@ __device__ __forceinline__ void zero_qbar_rows(uint8_t* rows, int tid) {
   }
 }
 
-// The item's qbar into rows 0 (hi) and 1 (lo): warp 0 writes (lane l: channels 4l .. 4l + 3, in
-// atom l / 16, 16-byte chunk (l % 16) / 2 of the row swizzled by the row index, half l % 2), then
-// the warpgroup meets, so no wgmma reads the rows before they are written. Every warp computes the
-// same scale (qbar_lane_values), so every thread has the unscale.
+// The item's qbar into rows 0 (hi) and 1 (lo): the warpgroup meets first (every warp's wgmmas of
+// the last item are done reading the rows; the wgmma completion orders that too, but racecheck
+// cannot see it), warp 0 writes (lane l: channels 4l .. 4l + 3, in atom l / 16, 16-byte chunk
+// (l % 16) / 2 of the row swizzled by the row index, half l % 2), then the warpgroup meets again,
+// so no wgmma reads the rows before they are written. Every warp computes the same scale
+// (qbar_lane_values), so every thread has the unscale.
 __device__ __forceinline__ float write_qbar_rows(const float* __restrict__ qbar, uint8_t* rows, int warp, int lane) {
   const QbarLaneValues v = qbar_lane_values(qbar, lane);
+  ptx::named_barrier_sync(kDeltaWarpgroup, kWarpgroupThreads);
   if (warp == 0) {
     uint32_t hi[2], lo[2];
     qbar_fp16_parts(v.x[0], v.x[1], hi[0], lo[0]);

@@ -58,8 +58,9 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
 // launch; the consumers keep production's 200.
 constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
 constexpr uint32_t kNvfp4DeltaWgRegs = 72;
-static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <= 65536,
-              "the four warpgroups' registers must fit the register file");
+static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
+                  (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
+              "the four warpgroups' registers must come from the launch's 128 a thread");
 
 
 // What a build computes (KernelConfig flags of benchmark-only builds switch parts off to measure
@@ -241,8 +242,11 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
       tile_delta_wgmma(b_desc, unscale, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, warp, lane);
-      if (tid == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);  // every warp's ldmatrix fed a completed wgmma
-      ptx::mbarrier_arrive(&sm.delta_full[st]);              // each thread publishes its own writes
+      // Each warp releases the tile after its own ldmatrix reads (as the delta warps do): the
+      // warpgroup-wide wgmma completion would order them too, but racecheck cannot see that.
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
+      ptx::mbarrier_arrive(&sm.delta_full[st]);  // each thread publishes its own writes
     }
   }
 }

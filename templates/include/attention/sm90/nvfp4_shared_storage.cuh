@@ -88,8 +88,8 @@ constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
 // kDeltaWg (benchmark build kDeltaOnWgmma): the delta products of a whole warpgroup instead of
-// three warps; it releases each K tile once (one thread, after its wgmmas) and every one of its
-// threads publishes its own delta writes and reads the item.
+// three warps; each of its four warps releases a K tile after its ldmatrix reads, and every one
+// of its threads publishes its own delta writes and reads the item.
 template <bool kDeltaWg = false, int kKDepth, int kVDepth>
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
   constexpr uint32_t kDeltaReaders = kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
@@ -97,7 +97,7 @@ __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDept
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers + (kDeltaWg ? 1 : kDeltaWarps));
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers + (kDeltaWg ? kWarpgroupThreads / 32 : kDeltaWarps));
     ptx::mbarrier_init(&s.delta_full[i], kDeltaReaders);
     ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
   }
