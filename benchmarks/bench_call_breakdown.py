@@ -133,16 +133,10 @@ def main() -> None:
             ap.error(f"--fp8-build: {e}")
         if flags and flags not in fp8_builds:  # a repeated build would merge into one row
             fp8_builds.append(flags)
-    shapes: list[tuple[str, tuple[int, ...], int]] = []
-    for name in filter(None, (n.strip() for n in args.preset.split(","))):
-        if name not in PRESETS:
-            ap.error(f"--preset: unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
-        shapes.append((name, PRESETS[name].lengths, PRESETS[name].heads))
-    for text in args.shape:
-        try:
-            shapes.append((text, *benchtools.parse_shape(text)))
-        except ValueError as e:
-            ap.error(f"--shape: {e}")
+    try:
+        shapes = benchtools.bench_shapes(args.preset, args.shape)
+    except ValueError as e:
+        ap.error(str(e))
     ops = [op.strip() for op in args.op.split(",")]
     for name, lengths, heads in shapes:
         run(name, lengths, heads, ops, args.iters, args.rounds, fp8_builds)

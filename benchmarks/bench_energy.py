@@ -127,16 +127,10 @@ def main() -> None:
                 ap.error(f"--{op}-build: {e}")
             if flags and (op, flags) not in builds:
                 builds.append((op, flags))
-    shapes: list[tuple[str, tuple[int, ...], int]] = []
-    for name in filter(None, (n.strip() for n in args.preset.split(","))):
-        if name not in PRESETS:
-            ap.error(f"--preset: unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
-        shapes.append((name, PRESETS[name].lengths, PRESETS[name].heads))
-    for text in args.shape:
-        try:
-            shapes.append((text, *benchtools.parse_shape(text)))
-        except ValueError as e:
-            ap.error(f"--shape: {e}")
+    try:
+        shapes = benchtools.bench_shapes(args.preset, args.shape)
+    except ValueError as e:
+        ap.error(str(e))
     ops = list(dict.fromkeys(op.strip() for op in args.op.split(",") if op.strip()))
     for op in ops:
         if op not in benchtools.HOPPER_MODULES:

@@ -61,7 +61,7 @@ from flashinfer_h3.benchtools import (
     HOPPER_MODULES,
     GpuSampler,
     KernelOnly,
-    parse_shape,
+    bench_shapes,
     sampled_oracle,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
@@ -257,16 +257,10 @@ def main() -> None:
                 path = build_module(KernelConfig(MODULES[op][0], arch="sm_90a", flags=flags))
                 print(f"{op}: {name}: {path}")
         return
-    shapes: list[tuple[str, tuple[int, ...], int]] = []
-    for preset in args.preset.split(",") if args.preset else ():
-        if preset not in PRESETS:
-            ap.error(f"--preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
-        shapes.append((preset, PRESETS[preset].lengths, PRESETS[preset].heads))
-    for text in args.shape:
-        try:
-            shapes.append((text, *parse_shape(text)))
-        except ValueError as e:
-            ap.error(f"--shape: {e}")
+    try:
+        shapes = bench_shapes(args.preset, args.shape)
+    except ValueError as e:
+        ap.error(str(e))
     extra: list[tuple[str, Path]] = []  # (op, module): every --so, in order
     for text in args.so:
         op_name, _, path_text = text.partition("=")

@@ -246,6 +246,27 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
     return tuple(lengths), heads
 
 
+def bench_shapes(presets: str | None, shapes: Sequence[str]
+                 ) -> list[tuple[str, tuple[int, ...], int]]:
+    """The benchmark scripts' ``--preset a,b`` (names of ``python -m flashinfer_h3 bench``'s
+    presets) and repeated ``--shape LENGTHS:HEADS`` (parse_shape) as (name, segment lengths,
+    heads), in that order. Raises ValueError starting with the option at fault."""
+    from .__main__ import PRESETS
+
+    out: list[tuple[str, tuple[int, ...], int]] = []
+    for name in filter(None, (n.strip() for n in (presets or "").split(","))):
+        if name not in PRESETS:
+            raise ValueError(f"--preset: unknown preset {name!r}; expected one of "
+                             f"{', '.join(PRESETS)}")
+        out.append((name, PRESETS[name].lengths, PRESETS[name].heads))
+    for text in shapes:
+        try:
+            out.append((text, *parse_shape(text)))
+        except ValueError as e:
+            raise ValueError(f"--shape: {e}") from None
+    return out
+
+
 def segments(bounds: Sequence[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=False) if b > a]
 

@@ -151,6 +151,20 @@ def test_markdown_table_says_the_rounds() -> None:
     assert "median of 10 runs after 2 warm-up, every row timed in 3 rounds in turn" in text
 
 
+def test_bench_shapes() -> None:
+    # The benchmark scripts' --preset and --shape together (bench_energy.py and the others).
+    assert benchtools.bench_shapes("small, h3-mix", ["4097:1"]) == [
+        ("small", PRESETS["small"].lengths, PRESETS["small"].heads),
+        ("h3-mix", PRESETS["h3-mix"].lengths, PRESETS["h3-mix"].heads),
+        ("4097:1", (4097,), 1),
+    ]
+    assert benchtools.bench_shapes("", []) == benchtools.bench_shapes(None, []) == []
+    with pytest.raises(ValueError, match="^--preset: unknown preset 'h3-11s'"):
+        benchtools.bench_shapes("h3-11s", [])
+    with pytest.raises(ValueError, match="^--shape: expected LENGTHS:HEADS"):
+        benchtools.bench_shapes(None, ["30720*2"])
+
+
 def test_parse_shape() -> None:
     # The benchmark scripts' --shape (bench_wgmma_variants.py, bench_call_breakdown.py).
     assert benchtools.parse_shape("30720*2,333:56") == ((30720, 30720, 333), 56)
