@@ -134,7 +134,7 @@ def main() -> None:
         if flags and flags not in fp8_builds:  # a repeated build would merge into one row
             fp8_builds.append(flags)
     try:
-        shapes = benchtools.bench_shapes(args.preset, args.shape)
+        shapes = benchtools.bench_shapes(args.preset, args.shape, PRESETS)
     except ValueError as e:
         ap.error(str(e))
     ops = [op.strip() for op in args.op.split(",")]

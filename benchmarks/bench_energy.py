@@ -128,7 +128,7 @@ def main() -> None:
             if flags and (op, flags) not in builds:
                 builds.append((op, flags))
     try:
-        shapes = benchtools.bench_shapes(args.preset, args.shape)
+        shapes = benchtools.bench_shapes(args.preset, args.shape, PRESETS)
     except ValueError as e:
         ap.error(str(e))
     ops = list(dict.fromkeys(op.strip() for op in args.op.split(",") if op.strip()))

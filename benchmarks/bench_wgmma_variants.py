@@ -258,7 +258,7 @@ def main() -> None:
                 print(f"{op}: {name}: {path}")
         return
     try:
-        shapes = bench_shapes(args.preset, args.shape)
+        shapes = bench_shapes(args.preset, args.shape, PRESETS)
     except ValueError as e:
         ap.error(str(e))
     extra: list[tuple[str, Path]] = []  # (op, module): every --so, in order

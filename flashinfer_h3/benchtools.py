@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -246,19 +246,18 @@ def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
     return tuple(lengths), heads
 
 
-def bench_shapes(presets: str | None, shapes: Sequence[str]
+def bench_shapes(presets: str | None, shapes: Sequence[str], known: Mapping[str, Any]
                  ) -> list[tuple[str, tuple[int, ...], int]]:
-    """The benchmark scripts' ``--preset a,b`` (names of ``python -m flashinfer_h3 bench``'s
-    presets) and repeated ``--shape LENGTHS:HEADS`` (parse_shape) as (name, segment lengths,
-    heads), in that order. Raises ValueError starting with the option at fault."""
-    from .__main__ import PRESETS
-
+    """The benchmark scripts' ``--preset a,b`` (names in ``known``: ``python -m flashinfer_h3
+    bench``'s PRESETS, objects with ``lengths`` and ``heads``) and repeated ``--shape
+    LENGTHS:HEADS`` (parse_shape) as (name, segment lengths, heads), in that order. Raises
+    ValueError starting with the option at fault."""
     out: list[tuple[str, tuple[int, ...], int]] = []
     for name in filter(None, (n.strip() for n in (presets or "").split(","))):
-        if name not in PRESETS:
+        if name not in known:
             raise ValueError(f"--preset: unknown preset {name!r}; expected one of "
-                             f"{', '.join(PRESETS)}")
-        out.append((name, PRESETS[name].lengths, PRESETS[name].heads))
+                             f"{', '.join(known)}")
+        out.append((name, tuple(known[name].lengths), int(known[name].heads)))
     for text in shapes:
         try:
             out.append((text, *parse_shape(text)))

@@ -153,16 +153,17 @@ def test_markdown_table_says_the_rounds() -> None:
 
 def test_bench_shapes() -> None:
     # The benchmark scripts' --preset and --shape together (bench_energy.py and the others).
-    assert benchtools.bench_shapes("small, h3-mix", ["4097:1"]) == [
+    assert benchtools.bench_shapes("small, h3-mix", ["4097:1"], PRESETS) == [
         ("small", PRESETS["small"].lengths, PRESETS["small"].heads),
         ("h3-mix", PRESETS["h3-mix"].lengths, PRESETS["h3-mix"].heads),
         ("4097:1", (4097,), 1),
     ]
-    assert benchtools.bench_shapes("", []) == benchtools.bench_shapes(None, []) == []
+    assert benchtools.bench_shapes("", [], PRESETS) == []
+    assert benchtools.bench_shapes(None, [], PRESETS) == []
     with pytest.raises(ValueError, match="^--preset: unknown preset 'h3-11s'"):
-        benchtools.bench_shapes("h3-11s", [])
+        benchtools.bench_shapes("h3-11s", [], PRESETS)
     with pytest.raises(ValueError, match="^--shape: expected LENGTHS:HEADS"):
-        benchtools.bench_shapes(None, ["30720*2"])
+        benchtools.bench_shapes(None, ["30720*2"], PRESETS)
 
 
 def test_parse_shape() -> None:
