@@ -89,9 +89,24 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
     print(op.__name__, "small packed call ok", tuple(out.shape))
+# SAN_BUILDS="nvfp4:delta_wgmma=1 fp8:kv_copies=0": benchmark builds of the Hopper kernels too,
+# their pre-pass and kernel on the same call (built into the cache first, outside the sanitizer
+# run when the cache was carried).
+import os
+from flashinfer_h3 import benchtools
+for spec in os.environ.get("SAN_BUILDS", "").split():
+    op, _, flags = spec.partition(":")
+    ko = benchtools.kernel_only_build(op, benchtools.parse_build_flags(flags), q, k, v, bounds,
+                                      torch.empty_like(q))
+    ko.prime()
+    out = ko.run()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all() and ko.matches_whole_call(out)
+    print(op, flags, "build: small packed call ok")
 PY
     {
-        for tool in memcheck racecheck synccheck; do
+        # SAN_TOOLS: a subset (e.g. racecheck alone for a new build's barriers).
+        for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
             timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py
             echo "compute-sanitizer $tool exit=$?"
         done
