@@ -84,6 +84,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
         "epilogue through one reciprocal a row (the FP8 kernel's)": {"row_divisor": True},
         "delta products as wgmma m64n8k16 by a fourth warpgroup": {"delta_wgmma": True},
+        "delta products as wgmma m64n8k16 (K from shared memory) by a fourth warpgroup":
+            {"delta_wgmma_smem_a": True},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

@@ -1,6 +1,7 @@
-"""GPU tests of the Hopper NVFP4 kernel's ``delta_wgmma=True`` benchmark build (Nvfp4Variant
-kDeltaOnWgmma: the delta products as ``wgmma m64n8k16`` by a fourth warpgroup instead of
-mma.sync on three producer warps; sm_90a only).
+"""GPU tests of the Hopper NVFP4 kernel's ``delta_wgmma=True`` and ``delta_wgmma_smem_a=True``
+benchmark builds (Nvfp4Variant kDeltaOnWgmma: the delta products as ``wgmma m64n8k16`` by a fourth
+warpgroup instead of mma.sync on three producer warps, A in registers or, kDeltaWgmmaSmemA, read
+from shared memory; sm_90a only).
 
 The build is not production, but its output is attention and is measured against production
 (benchmarks/bench_wgmma_variants.py, bench_energy.py), so it must be right first: this file reruns
@@ -46,10 +47,15 @@ def _build(flags: dict[str, Any]) -> Any:
     return load_so(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
 
 
-# The build in both item orders: the dynamic one (production's) and static striding.
-@pytest.fixture(scope="module", params=[{}, {"dynamic_schedule": False}], ids=["dynamic", "static"])
+# The build in both item orders (the dynamic one, production's, and static striding), and the
+# build whose delta wgmmas read the K tile from shared memory (delta_wgmma_smem_a: SS, not RS).
+@pytest.fixture(scope="module", params=[
+    {"delta_wgmma": True},
+    {"delta_wgmma": True, "dynamic_schedule": False},
+    {"delta_wgmma_smem_a": True},
+], ids=["dynamic", "static", "smem_a"])
 def module(request: pytest.FixtureRequest) -> Any:
-    return _build({"delta_wgmma": True, **request.param})
+    return _build(request.param)
 
 
 @pytest.mark.parametrize("lengths,heads,kind", [

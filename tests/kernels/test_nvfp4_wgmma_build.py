@@ -165,6 +165,28 @@ def test_delta_on_wgmma_build() -> None:
     assert smem == int(bt.load(production).attention_nvfp4_wgmma_smem_bytes()) + 2048 <= MAX_SMEM
 
 
+def test_delta_on_wgmma_smem_a_build() -> None:
+    """The ``delta_wgmma_smem_a=True`` benchmark build (kDeltaOnWgmma | kDeltaWgmmaSmemA): the
+    same fourth warpgroup with A read from shared memory, all 16 ``HGMMA.64x8x16.F32`` (two m64
+    blocks x 8 k16 steps) through descriptors in one commit group, so the only ldmatrix left is
+    none (the consumers' operands come from shared memory or registers already); the same
+    register split without local memory and the same shared memory as the RS build."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    flags = {"delta_wgmma_smem_a": True}
+    so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
+    sass = bt.sass(so, KERNEL)
+    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, gdesc", sass)) == 16
+    assert not re.search(r"HGMMA\.64x8x16\.F32 R\d+, R\d+", sass)
+    assert "LDSM" not in sass and "HMMA.16816" not in sass
+    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+    bt.assert_no_local_memory(so, KERNEL)
+    assert bt.resources(so, KERNEL)["REG"] == 128
+    rs = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_wgmma": True})))
+    smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
+    assert smem == int(bt.load(rs).attention_nvfp4_wgmma_smem_bytes())
+
+
 # ---------------------------------------------------------------------------------------------
 # e2m1_round_nonneg on the CPU
 # ---------------------------------------------------------------------------------------------

@@ -259,5 +259,20 @@ __device__ __forceinline__ void wgmma_m64n8k16_f16_rs(float (&d)[4], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+// The same with A from shared memory (SS): 64 K-major rows in the 128-byte swizzle, as
+// wgmma_m64n128k16_f16_ss's A (the delta warpgroup's K tile, benchmark build kDeltaWgmmaSmemA).
+__device__ __forceinline__ void wgmma_m64n8k16_f16_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
+                                                      uint32_t accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

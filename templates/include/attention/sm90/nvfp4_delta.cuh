@@ -155,16 +155,20 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
 
 // ---- the delta products as wgmma (benchmark build kDeltaOnWgmma) ------------------------------
 // A fourth warpgroup instead of the three delta warps: per K tile, two m64 blocks of eight k16
-// steps of `wgmma m64n8k16` (RS): A = the block's K' rows, each warp's 16 rows by ldmatrix.x4 as
-// in tile_delta; B = qbar's hi and lo parts, rows 0 and 1 of eight in shared memory
+// steps of `wgmma m64n8k16`: A = the block's K' rows, each warp's 16 rows by ldmatrix.x4 as in
+// tile_delta (RS), or the tile itself through a descriptor (SS, kDeltaWgmmaSmemA); B = qbar's hi
+// and lo parts, rows 0 and 1 of eight in shared memory
 // (DeltaQbarRows). The same 128 x 8 x 128 products on zeros in six of eight columns, but through
 // the wgmma path rather than 64 mma.sync: what the measurement is for (benchmarks/RESULTS.md,
 // twenty-fourth session: the mma.sync delta costs the kernel 4-6 %).
 
-// Descriptor units (>> 4) of k16 step kk in the qbar rows: atom kk / 4, 32 bytes a step.
-__host__ __device__ constexpr uint64_t qbar_k16_offset(int kk) {
-  return static_cast<uint64_t>((kk >> 2) * 1024 + 32 * (kk & 3)) >> 4;
+// Descriptor units (>> 4) of k16 step kk in K-major rows of two 64-channel atoms `atom_bytes`
+// apart (128-byte swizzle): atom kk / 4, 32 bytes a step. The qbar rows: 1 KB atoms; a K tile:
+// kFp16AtomBytes.
+__host__ __device__ constexpr uint64_t fp16_k16_offset(int kk, int atom_bytes) {
+  return static_cast<uint64_t>((kk >> 2) * atom_bytes + 32 * (kk & 3)) >> 4;
 }
+__host__ __device__ constexpr uint64_t qbar_k16_offset(int kk) { return fp16_k16_offset(kk, 1024); }
 
 // Rows 2-7 of both atoms to zero (B's unused columns), once; the writes are fenced for the async
 // proxy, and the first item's barrier (write_qbar_rows) orders them before any wgmma.
@@ -199,37 +203,70 @@ __device__ __forceinline__ float write_qbar_rows(const float* __restrict__ qbar,
   return qbar_unscale(v.k);
 }
 
+// Block b's delta from its accumulator (d[2r + e]: column e, 0 hi and 1 lo, of row
+// 64 b + 16 warp + lane / 4 + 8 r, held by lanes 4g).
+__device__ __forceinline__ void store_block_delta(const float (&d)[4], int b, float unscale, float* delta, int valid,
+                                                  int warp, int lane) {
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int pos = 64 * b + 16 * warp + (lane >> 2) + 8 * r;
+      const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
+      delta[pos] = key < valid ? (d[2 * r] + d[2 * r + 1]) * unscale : -INFINITY;
+    }
+  }
+}
+
 // delta of the K tile at `k_tile` (two 64-channel atoms of 128 rows) into delta[position],
 // -inf at or past `valid`. Called by all 128 threads of the delta warpgroup; returns once its
-// wgmmas completed (the tile may then be released).
+// wgmmas completed (the tile may then be released). kSmemA: A through a descriptor of block b's
+// 64 rows of the tile (SS, both blocks in one commit group); otherwise each warp's 16 rows by
+// ldmatrix.x4, one block at a time (RS: one block's 32 A registers fit the warpgroup's 72).
+template <bool kSmemA>
 __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale, const uint8_t* k_tile, float* delta,
                                                  int valid, int warp, int lane) {
-  const uint32_t k_base = ptx::smem_addr(k_tile);
-  const int row_in_block = (lane & 7) + 8 * ((lane >> 3) & 1), half = lane >> 4;
-#pragma unroll 1  // one block's 32 A registers at a time (the warpgroup's 72)
-  for (int b = 0; b < 2; ++b) {
-    const int row = 64 * b + 16 * warp + row_in_block;
-    uint32_t a[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const int chunk = 2 * kk + half;
-      ptx::ldmatrix_x4(a[kk], k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
-    }
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kSmemA) {
+    // The K tile is K-major in the 128-byte swizzle, as the consumers' Q' operand: block b's
+    // descriptor starts 64 rows on, k16 step kk at fp16_k16_offset(kk, kFp16AtomBytes).
+    const uint64_t a_desc = ptx::wgmma_desc_sw128(k_tile);
+    constexpr uint64_t kBlockRows = (64 * 128) >> 4;  // descriptor units
+    float d[2][4] = {};
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) ptx::wgmma_m64n8k16_f16_rs(d, a[kk], b_desc + qbar_k16_offset(kk), kk > 0);
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        ptx::wgmma_m64n8k16_f16_ss(d[b], a_desc + b * kBlockRows + fp16_k16_offset(kk, kFp16AtomBytes),
+                                   b_desc + qbar_k16_offset(kk), kk > 0);
+      }
+    }
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
-    ptx::fence_operands(d);
-    // Lane 4g (t = 0) holds columns 0 (hi) and 1 (lo) of rows g and g + 8 of the warp's 16.
-    if ((lane & 3) == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int pos = 64 * b + 16 * warp + (lane >> 2) + 8 * r;
-        const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
-        delta[pos] = key < valid ? (d[2 * r] + d[2 * r + 1]) * unscale : -INFINITY;
+    for (int b = 0; b < 2; ++b) {
+      ptx::fence_operands(d[b]);
+      store_block_delta(d[b], b, unscale, delta, valid, warp, lane);
+    }
+  } else {
+    const uint32_t k_base = ptx::smem_addr(k_tile);
+    const int row_in_block = (lane & 7) + 8 * ((lane >> 3) & 1), half = lane >> 4;
+#pragma unroll 1
+    for (int b = 0; b < 2; ++b) {
+      const int row = 64 * b + 16 * warp + row_in_block;
+      uint32_t a[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int chunk = 2 * kk + half;
+        ptx::ldmatrix_x4(a[kk], k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
       }
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) ptx::wgmma_m64n8k16_f16_rs(d, a[kk], b_desc + qbar_k16_offset(kk), kk > 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(d);
+      store_block_delta(d, b, unscale, delta, valid, warp, lane);
     }
   }
 }

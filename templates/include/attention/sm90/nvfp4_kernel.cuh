@@ -84,6 +84,10 @@ enum Nvfp4Variant : int {
   // warpgroup instead of mma.sync on three producer warps (nvfp4_delta.cuh tile_delta_wgmma;
   // produce_delta_wg): 512 threads a CTA.
   kDeltaOnWgmma = 1024,
+  // With kDeltaOnWgmma (a benchmark build adds both): the delta wgmmas read the K tile from shared
+  // memory through a descriptor (SS) instead of ldmatrix fragments in registers (RS): the same
+  // shared-memory bytes, no register-file round trip (tile_delta_wgmma<true>).
+  kDeltaWgmmaSmemA = 2048,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding,
 };
@@ -241,9 +245,11 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
       const uint32_t parity = slot.parity<Smem::kKStages>();
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
-      tile_delta_wgmma(b_desc, unscale, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, warp, lane);
-      // Each warp releases the tile after its own ldmatrix reads (as the delta warps do): the
-      // warpgroup-wide wgmma completion would order them too, but racecheck cannot see that.
+      tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st],
+                                                            it.seg_len - t * kTileKeys, warp, lane);
+      // Each warp releases the tile after its own reads (ldmatrix, or its wait for the SS wgmmas'
+      // completion; as the delta warps do): the warpgroup-wide wgmma completion would order the
+      // ldmatrix reads too, but racecheck cannot see that.
       __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
       ptx::mbarrier_arrive(&sm.delta_full[st]);  // each thread publishes its own writes
