@@ -89,7 +89,7 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
     print(op.__name__, "small packed call ok", tuple(out.shape))
-# SAN_BUILDS="nvfp4:delta_wgmma=1 fp8:kv_copies=0": benchmark builds of the Hopper kernels too,
+# SAN_BUILDS="nvfp4:delta_mma_sync=1 fp8:kv_copies=0": benchmark builds of the Hopper kernels too,
 # their pre-pass and kernel on the same call (built into the cache first, outside the sanitizer
 # run when the cache was carried).
 import os
@@ -188,7 +188,7 @@ if [[ $what == variants ]]; then
     # Benchmark-only builds against production, kernel only, the three presets, one process
     # (VARIANT_OP: fp8 or nvfp4; VARIANT_ONLY: bench_wgmma_variants.py --only), after the GPU
     # tests that VARIANT_TESTS selects (pytest -k) in that op's wgmma kernel files (e.g. nvfp4 with
-    # VARIANT_TESTS=delta_wg: the delta_wgmma build's file).
+    # VARIANT_TESTS=delta_forms: the NVFP4 delta builds' file).
     {
         if [[ -n ${VARIANT_TESTS:-} ]]; then
             timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x -k "$VARIANT_TESTS" \

@@ -5,10 +5,10 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
 
 - both products on FP16 wgmma, ``HGMMA.64x128x16.F32`` (FP16 inputs: not ``.BF16``): 8 with both
   operands in shared memory (QK^T, 8 k16 steps) and 8 with A = P from registers (PV), each twice
-  (first/last phase and the loop; both consumers run one copy), and the delta warps' FP16
-  ``HMMA.16816.F32``;
+  (first/last phase and the loop; both consumers run one copy), and the delta warpgroup's 16
+  ``HGMMA.64x8x16.F32`` on shared memory, no mma.sync;
 - no local memory at all (no stack, no spills, no LDL/STL), the roles' register split,
-  384 threads, the shared memory within Hopper's 227 KB;
+  512 threads, the shared memory within Hopper's 227 KB;
 - the delta loads on immediate offsets, and no wgmma serialised;
 - the module's pre-pass is the FP16 one (quantize_nvfp4_fp16: its two tile kernels and its
   reduce, no local memory, 2 CTAs an SM), with no codes pre-pass and no expansion kernels.
@@ -54,8 +54,33 @@ def test_both_products_on_fp16_wgmma(so: Path) -> None:
     assert len(ss) == 2 * 8 and len(rs) == 2 * 8
     assert ".BF16" not in "".join(x for x in lines if "HGMMA" in x), "FP16, not BF16, operands"
     assert "QGMMA" not in sass
-    assert re.search(r"HMMA\.16816\.F32 ", sass), "the delta warp's FP16 mma.sync"
+    # The delta warpgroup: two m64 blocks x 8 k16 steps, A (the K tile) and B (qbar's rows) in
+    # shared memory, so no ldmatrix anywhere and no mma.sync.
+    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, gdesc", sass)) == 16
+    assert not re.search(r"HGMMA\.64x8x16\.F32 R\d+, R\d+", sass)
+    assert "HMMA.16816" not in sass and "LDSM" not in sass
     assert "USETMAXREG" in sass
+
+
+def test_roles_register_split() -> None:
+    """Four warpgroups of 128 registers a thread at launch (512 threads: the whole register
+    file; a CTA that started with fewer would spin in the consumers' increase): the TMA
+    warpgroup drops to 40, the delta warpgroup to 72, the consumers rise to 200; the
+    ``delta_mma_sync`` build's three warpgroups start at 168 and split 96 / 200."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
+    sass = bt.sass(production, KERNEL)
+    assert bt.resources(production, KERNEL)["REG"] == 128
+    for regs in (0x28, 0x48):
+        assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
+    config = KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_mma_sync": True})
+    mma_sync = Path(build_module(config))
+    sass = bt.sass(mma_sync, KERNEL)
+    assert bt.resources(mma_sync, KERNEL)["REG"] == 168
+    assert re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x60\b", sass)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
 
 
 def test_no_local_memory(so: Path) -> None:
@@ -69,11 +94,11 @@ def test_delta_loads_take_offsets_and_wgmma_asynchronous(so: Path) -> None:
     base and immediate offsets (common.cuh opaque_pointer; with the buffer's alignment known, the
     compiler built every address with an OR and a move of its own), in the first GEMM phase and
     in the loop; and ptxas keeps the wgmmas asynchronous, one ``WARPGROUP.ARRIVE`` per GEMM
-    issue (4: one code copy serves both consumers), where a register shortage serialises them
-    (warning C7511, an arrive per wgmma)."""
+    issue (4: one code copy serves both consumers; a fifth for the delta warpgroup's tile),
+    where a register shortage serialises them (warning C7511, an arrive per wgmma)."""
     sass = bt.sass(so, KERNEL)
     assert len(re.findall(r"\bLD\.E\.64 R\d+, desc\[UR\d+\]\[R\d+\.64\+0x", sass)) >= 2 * 15
-    assert sass.count("WARPGROUP.ARRIVE") == 4
+    assert sass.count("WARPGROUP.ARRIVE") == 4 + 1
 
 
 def test_prepass_is_the_fp16_one(so: Path) -> None:
@@ -128,8 +153,8 @@ def test_dynamic_item_order_and_folded_p_scale() -> None:
 
 
 def test_producer_waits_suspend() -> None:
-    """The producer warpgroup's waits (the TMA thread's for free slots, the delta warps' for K
-    tiles and free delta buffers) carry try_wait's suspend-time hint (``NANOSLEEP.SYNCS``)
+    """The producer warpgroups' waits (the TMA thread's for free slots, the delta warpgroup's for
+    K tiles and free delta buffers) carry try_wait's suspend-time hint (``NANOSLEEP.SYNCS``)
     instead of polling; the ``wait_sleep_ns=0`` benchmark build polls."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
@@ -140,51 +165,35 @@ def test_producer_waits_suspend() -> None:
     assert "NANOSLEEP" not in bt.sass(polling, KERNEL)
 
 
-def test_delta_on_wgmma_build() -> None:
-    """The ``delta_wgmma=True`` benchmark build (Nvfp4Variant kDeltaOnWgmma): the delta products
-    as ``HGMMA.64x8x16.F32`` with A from registers (8 k16 steps, the loop over the tile's two m64
-    blocks rolled) by a fourth warpgroup, no mma.sync left, the consumers' 32 FP16 wgmmas as in
-    production; 512 threads whose register split (TMA 40, delta 72, consumers 200) leaves no
-    local memory; its qbar rows after the storage (2 KB more shared memory than production)."""
+def test_delta_benchmark_builds() -> None:
+    """The delta products' other forms (benchmark builds), both without local memory:
+    ``delta_mma_sync=True`` (production until 2026-12-06) as FP16 ``HMMA.16816.F32`` on three
+    producer warps, no 64x8 wgmma, 384 threads, 2 KB less shared memory (no qbar rows);
+    ``delta_wgmma_regs=True`` as ``HGMMA.64x8x16.F32`` with A from registers (8 k16 steps, the
+    loop over the tile's two m64 blocks rolled), fed by ldmatrix, the same shared memory as
+    production; and ``delta=False`` (the warpgroup writes the mask alone: no delta product at
+    all). The consumers' 32 FP16 wgmmas are production's in all three."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
-    so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_wgmma": True})))
-    sass = bt.sass(so, KERNEL)
-    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, R\d+, gdesc", sass)) == 8
-    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
-    assert "HMMA.16816" not in sass
-    for regs in (0x28, 0x48):
-        assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
-    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
-    bt.assert_no_local_memory(so, KERNEL)
-    # The split needs the launch's whole register file: 512 threads of 128 registers (a CTA that
-    # started with fewer would spin in the consumers' increase).
-    assert bt.resources(so, KERNEL)["REG"] == 128
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
-    smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
-    assert smem == int(bt.load(production).attention_nvfp4_wgmma_smem_bytes()) + 2048 <= MAX_SMEM
-
-
-def test_delta_on_wgmma_smem_a_build() -> None:
-    """The ``delta_wgmma_smem_a=True`` benchmark build (kDeltaOnWgmma | kDeltaWgmmaSmemA): the
-    same fourth warpgroup with A read from shared memory, all 16 ``HGMMA.64x8x16.F32`` (two m64
-    blocks x 8 k16 steps) through descriptors in one commit group, so the only ldmatrix left is
-    none (the consumers' operands come from shared memory or registers already); the same
-    register split without local memory and the same shared memory as the RS build."""
-    from flashinfer_h3.jit import KernelConfig, build_module
-
-    flags = {"delta_wgmma_smem_a": True}
-    so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
-    sass = bt.sass(so, KERNEL)
-    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, gdesc", sass)) == 16
-    assert not re.search(r"HGMMA\.64x8x16\.F32 R\d+, R\d+", sass)
-    assert "LDSM" not in sass and "HMMA.16816" not in sass
-    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
-    bt.assert_no_local_memory(so, KERNEL)
-    assert bt.resources(so, KERNEL)["REG"] == 128
-    rs = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_wgmma": True})))
-    smem = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
-    assert smem == int(bt.load(rs).attention_nvfp4_wgmma_smem_bytes())
+    smem = int(bt.load(production).attention_nvfp4_wgmma_smem_bytes())
+    builds = {}
+    for flag in ("delta_mma_sync", "delta_wgmma_regs", "delta"):
+        flags = {flag: flag != "delta"}
+        so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
+        bt.assert_no_local_memory(so, KERNEL)
+        sass = bt.sass(so, KERNEL)
+        assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+        builds[flag] = (sass, int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()))
+    sass, mma_sync_smem = builds["delta_mma_sync"]
+    assert re.search(r"HMMA\.16816\.F32 ", sass) and "HGMMA.64x8x16" not in sass
+    assert mma_sync_smem == smem - 2048
+    sass, regs_smem = builds["delta_wgmma_regs"]
+    assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, R\d+, gdesc", sass)) == 8
+    assert "LDSM" in sass and "HMMA.16816" not in sass
+    assert regs_smem == smem <= MAX_SMEM
+    sass, _ = builds["delta"]
+    assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
 
 
 # ---------------------------------------------------------------------------------------------

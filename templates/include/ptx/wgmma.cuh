@@ -2,8 +2,9 @@
 // Matrix Multiply-Accumulate"), sm_90a. Only what the Hopper attention kernels use:
 // m64n128k32 with E4M3 inputs (the FP8 kernel) and m64n128k16 with FP16 inputs (the NVFP4
 // kernel), FP32 accumulation, A from shared memory (SS) or registers (RS), B always from shared
-// memory, both K-major (the only major order 8-bit types allow); and m64n64k16 FP16 SS, the QK^T
-// of 64-key tiles that benchmarks/sm90_pipes.cu times.
+// memory, both K-major (the only major order 8-bit types allow); m64n8k16 FP16 (SS, and RS in a
+// benchmark build), the NVFP4 kernel's delta products; and m64n64k16 FP16 SS, the QK^T of 64-key
+// tiles that benchmarks/sm90_pipes.cu times.
 //
 // Fragment layouts (9.7.15.5.1; the warpgroup's 128 threads, warp w, lane = 4 g + t):
 //   accumulator d[4i + 2r + e]  = D[16w + g + 8r][8i + 2t + e]          (i = 0..15 for N = 128)
@@ -245,7 +246,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_f16_ss(float (&d)[32], uint64_t 
 // 16 rows, the mma.sync m16n8k16 A fragment, e.g. ldmatrix.x4's), B from shared memory: 8 K-major
 // rows in the 128-byte swizzle (one 1 KB atom of 8 rows x 64 f16 per 64 channels). PTX ISA
 // 9.7.15.5.2 (wgmma.mma_async, N = 8 the smallest for 16-bit inputs). Accumulator: d[2r + e] =
-// D[16w + g + 8r][2t + e]. The NVFP4 kernel's delta products (nvfp4_delta.cuh, a benchmark build).
+// D[16w + g + 8r][2t + e]. The NVFP4 kernel's delta products (nvfp4_delta.cuh, the
+// delta_wgmma_regs benchmark build).
 __device__ __forceinline__ void wgmma_m64n8k16_f16_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b,
                                                       uint32_t accumulate) {
     asm volatile(
@@ -260,7 +262,7 @@ __device__ __forceinline__ void wgmma_m64n8k16_f16_rs(float (&d)[4], const uint3
 }
 
 // The same with A from shared memory (SS): 64 K-major rows in the 128-byte swizzle, as
-// wgmma_m64n128k16_f16_ss's A (the delta warpgroup's K tile, benchmark build kDeltaWgmmaSmemA).
+// wgmma_m64n128k16_f16_ss's A (the NVFP4 delta warpgroup's K tile).
 __device__ __forceinline__ void wgmma_m64n8k16_f16_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
                                                       uint32_t accumulate) {
     asm volatile(

@@ -1,5 +1,8 @@
 // The delta term of the NVFP4 scores (SPEC 3.4): delta_j = qbar . Khat_j for the 128 keys of a
-// KV tile, computed by three warps of the producer warpgroup while the consumers run their GEMMs.
+// KV tile, computed while the consumers run their GEMMs: in production by a warpgroup of its own
+// as wgmma m64n8k16 on the K tile in shared memory (tile_delta_wgmma, below); in the
+// delta_mma_sync benchmark build (production until 2026-12-06) by three warps of the producer
+// warpgroup as mma.sync (tile_delta).
 //
 // Why a tensor-core product: the dot products are 128 x 128 FMAs per tile (on the FP32 pipe,
 // with the FP16 -> FP32 conversions, a tenth of the SM's issue slots, which the consumers need).
@@ -8,7 +11,10 @@
 // Three warps (1, 2, 3: one per SM sub-partition other than the TMA warp's) share them, so each
 // sub-partition's tensor core spends about 5 % of a tile's time on delta, and each warp runs two
 // or three independent accumulation chains (one chain of 64 dependent HMMAs measured 3x slower
-// than the consumers' GEMMs: benchmarks/RESULTS.md).
+// than the consumers' GEMMs: benchmarks/RESULTS.md). The wgmma form is the same products as
+// 2 m64 blocks x 8 k16 steps, read by the tensor cores straight from shared memory: 1.3-2.3 %
+// less kernel time than the mma.sync form on the H100 (benchmarks/RESULTS.md, twenty-fifth
+// session).
 //
 // Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
 // hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the
@@ -153,14 +159,12 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
   }
 }
 
-// ---- the delta products as wgmma (benchmark build kDeltaOnWgmma) ------------------------------
-// A fourth warpgroup instead of the three delta warps: per K tile, two m64 blocks of eight k16
-// steps of `wgmma m64n8k16`: A = the block's K' rows, each warp's 16 rows by ldmatrix.x4 as in
-// tile_delta (RS), or the tile itself through a descriptor (SS, kDeltaWgmmaSmemA); B = qbar's hi
-// and lo parts, rows 0 and 1 of eight in shared memory
-// (DeltaQbarRows). The same 128 x 8 x 128 products on zeros in six of eight columns, but through
-// the wgmma path rather than 64 mma.sync: what the measurement is for (benchmarks/RESULTS.md,
-// twenty-fourth session: the mma.sync delta costs the kernel 4-6 %).
+// ---- the delta products as wgmma (production: kDeltaOnWgmma | kDeltaWgmmaSmemA) ---------------
+// The delta warpgroup: per K tile, two m64 blocks of eight k16 steps of `wgmma m64n8k16`: A = the
+// block's K' rows, the tile itself through a descriptor (SS, production), or each warp's 16 rows
+// by ldmatrix.x4 as in tile_delta (RS, the delta_wgmma_regs benchmark build); B = qbar's hi and
+// lo parts, rows 0 and 1 of eight in shared memory (DeltaQbarRows). The same 128 x 8 x 128
+// products as tile_delta's, on zeros in six of eight columns.
 
 // Descriptor units (>> 4) of k16 step kk in K-major rows of two 64-channel atoms `atom_bytes`
 // apart (128-byte swizzle): atom kk / 4, 32 bytes a step. The qbar rows: 1 KB atoms; a K tile:
@@ -283,6 +287,12 @@ __device__ __forceinline__ void tile_delta_mask(float* delta, int valid, int fir
       delta[pos] = key < valid ? 0.0f : -INFINITY;
     }
   }
+}
+
+// The same for the delta warpgroup (128 threads): thread tid writes position tid.
+__device__ __forceinline__ void tile_delta_mask_wg(float* delta, int valid, int tid) {
+  const int key = (tid & ~(kKeyWindow - 1)) + window_key_at(tid & (kKeyWindow - 1));
+  delta[tid] = key < valid ? 0.0f : -INFINITY;
 }
 
 }  // namespace sm90

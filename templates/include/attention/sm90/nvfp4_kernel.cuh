@@ -2,14 +2,15 @@
 // wgmma, whose products of exactly dequantised E2M1 x UE4M3 operands are the recipe's own
 // (SPEC 3, last paragraph). Backend wgmma_fp16_nvfp4.
 //
-// CTA = 3 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order; one
+// CTA = 4 warpgroups, persistent over the items of tile_scheduler.cuh (in its dynamic order; one
 // CTA per SM), the pipeline and ping-pong of the FP8 kernel (fp8_kernel.cuh):
-//   producer  (warpgroup 0)   warp 0, one thread: TMA loads of the Q block and the ring of K
-//                             and V^T tiles (FP16, written by the pre-pass's FP16 output policy,
+//   TMA       (warpgroup 0)   one thread: TMA loads of the Q block and the ring of K and V^T
+//                             tiles (FP16, written by the pre-pass's FP16 output policy,
 //                             quantize/prepass.cuh);
-//                             warps 1-3: the delta term of every K tile (nvfp4_delta.cuh, mma.sync);
-//                             gives most of its registers away (setmaxnreg)
-//   consumer c (warpgroups 1, 2)  64 query rows each; per KV tile
+//   delta     (warpgroup 1)   the delta term of every K tile, wgmma m64n8k16 on the K tile in
+//                             shared memory (nvfp4_delta.cuh tile_delta_wgmma);
+//                             both give most of their registers away (setmaxnreg)
+//   consumer c (warpgroups 2, 3)  64 query rows each; per KV tile
 //                 S = delta + Q' K'^T               wgmma SS m64n128k16 x 8, accumulator preloaded
 //                                                   with delta (-inf past the segment: the mask)
 //                 softmax + P quantisation          nvfp4_softmax.cuh: S -> P (f16x2 registers)
@@ -18,6 +19,8 @@
 //              and the epilogue out = bf16(O / l) for the block's real rows.
 // The consumers alternate on named barriers: a GEMM phase issues PV of tile t - 1 and QK^T of
 // tile t back to back, then hands the tensor cores to the other consumer and runs its softmax.
+// (The delta_mma_sync benchmark build, production until 2026-12-06: 3 warpgroups, the delta by
+// mma.sync on warps 1-3 of the producer warpgroup, produce_delta.)
 //
 // Operands (flashinfer_h3/layout.py, nvfp4_fp16 layout): Q' as [H][T][128] f16, K' as
 // [H][padded keys][128] f16 and V^T as [H][128][padded keys] f16, keys in the window key order
@@ -46,16 +49,17 @@
 namespace flashinfer_h3 {
 namespace sm90 {
 
-// The register split (see fp8_kernel.cuh): 168 a thread at launch; the producer warpgroup keeps
-// 96 (the delta warps: qbar fragments, three accumulation chains, loop state), the consumers get 200
-// (they use about 192: S, O and P are 160).
+// The register split (see fp8_kernel.cuh). The delta_mma_sync build (3 warpgroups): 168 a thread
+// at launch; the producer warpgroup keeps 96 (the delta warps: qbar fragments, three accumulation
+// chains, loop state), the consumers get 200 (they use about 192: S, O and P are 160).
 constexpr uint32_t kNvfp4ProducerRegs = 96;
 constexpr uint32_t kNvfp4ConsumerRegs = 200;
 static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kConsumers * kWarpgroupThreads <=
                   168 * kThreads,
               "the consumers' registers must come from the producer's");
-// The kDeltaOnWgmma builds: four warpgroups (TMA, delta, two consumers), 128 registers a thread at
-// launch; the consumers keep production's 200.
+// Production (kDeltaOnWgmma): four warpgroups (TMA, delta, two consumers), 128 registers a thread
+// at launch; the consumers keep their 200, the delta warpgroup 72 (what its RS benchmark build's
+// ldmatrix fragments need; the SS one holds 8 accumulators).
 constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
 constexpr uint32_t kNvfp4DeltaWgRegs = 72;
 static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
@@ -67,7 +71,7 @@ static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsume
 // their cost, benchmarks/bench_wgmma_variants.py; production = kNvfp4Production).
 enum Nvfp4Variant : int {
   kQuantizeP = 1,    // P quantised to NVFP4 (off: Ptil packed to FP16 as it is)
-  kComputeDelta = 2, // the delta warps' products (off: delta = 0 inside the segment, the mask only)
+  kComputeDelta = 2, // the delta products (off: delta = 0 inside the segment, the mask only)
   kSoftmax = 4,      // the softmax (off: S packed to FP16 as P, no exponentials)
   kFastRounding = 8, // rn_e2m1 without its saturation where no group needs it (off: always)
   kPingPongOrder = 16,  // the consumers' GEMM phases alternate (off: unordered; PingPong)
@@ -80,16 +84,19 @@ enum Nvfp4Variant : int {
   // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
   // twenty-third session, before RowDivisor kept -0 and infinities).
   kRowDivisorEpilogue = 512,
-  // Not in production (a benchmark build adds it): the delta products as wgmma m64n8k16 by a fourth
-  // warpgroup instead of mma.sync on three producer warps (nvfp4_delta.cuh tile_delta_wgmma;
-  // produce_delta_wg): 512 threads a CTA.
+  // The delta products as wgmma m64n8k16 by a warpgroup of their own (produce_delta_wg; 512 threads
+  // a CTA). Off (benchmark build delta_mma_sync, production until 2026-12-06): mma.sync m16n8k16
+  // on warps 1-3 of the producer warpgroup (produce_delta; 384 threads).
   kDeltaOnWgmma = 1024,
-  // With kDeltaOnWgmma (a benchmark build adds both): the delta wgmmas read the K tile from shared
-  // memory through a descriptor (SS) instead of ldmatrix fragments in registers (RS): the same
-  // shared-memory bytes, no register-file round trip (tile_delta_wgmma<true>).
+  // With kDeltaOnWgmma: its wgmmas read the K tile from shared memory through a descriptor (SS).
+  // Off (benchmark build delta_wgmma_regs): each warp's 16 rows by ldmatrix into registers (RS),
+  // the same shared-memory bytes and a register-file round trip. On the H100, kernel alone,
+  // against delta_mma_sync: SS -2.2 % at h3-mix (-2.6 % J), -0.2 to +1.3 % at h3-10s (the same
+  // J), RS -1 to -2 % at h3-mix and +0.8 to +2.6 % at h3-10s (benchmarks/RESULTS.md,
+  // twenty-fifth session).
   kDeltaWgmmaSmemA = 2048,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
-                     kDynamicOrder | kCopyKvTiles | kF16Rounding,
+                     kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA,
 };
 // Threads a CTA of the build kVariant.
 template <int kVariant>
@@ -174,7 +181,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
   }
 }
 
-// The next item of a reader (a delta warp or a consumer thread), its `items`-th: in the dynamic
+// The next item of a reader (a delta thread or a consumer thread), its `items`-th: in the dynamic
 // order the producer's (after its q_full arrival), else w as the static loop has it. False at
 // the end. kWaitSleepNs: the reader's suspend-time hint (0: polling).
 template <bool kDynamic, uint32_t kWaitSleepNs, class Smem>
@@ -188,8 +195,8 @@ __device__ __forceinline__ bool take_item(Smem& sm, const PlanTables& plan, uint
   return true;
 }
 
-// A delta warp (warps 1..3 of the producer warpgroup): per item its qbar operand, per K tile its
-// m16 blocks of delta into sm.delta[stage].
+// A delta warp of the delta_mma_sync benchmark build (warps 1..3 of the producer warpgroup): per
+// item its qbar operand, per K tile its m16 blocks of delta into sm.delta[stage].
 // In the dynamic order they take each item from the producer's slot after its q_full arrival.
 template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
@@ -221,16 +228,17 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
   }
 }
 
-// The delta warpgroup of the kDeltaOnWgmma builds (warpgroup 1; tid = its thread 0..127): per
-// item its qbar rows, per K tile the delta of all 128 positions (tile_delta_wgmma).
+// The delta warpgroup (warpgroup 1 of the kDeltaOnWgmma builds, production; tid = its thread
+// 0..127): per item its qbar rows, per K tile the delta of all 128 positions (tile_delta_wgmma);
+// without kComputeDelta (benchmark builds) only the mask, thread tid writing position tid.
 template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p, int tid) {
   constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
-  static_assert((kVariant & kComputeDelta) != 0, "the delta warpgroup builds compute the delta");
+  constexpr bool kProducts = (kVariant & kComputeDelta) != 0;
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* rows = delta_qbar_rows(sm).atoms[0];
   const uint64_t b_desc = ptx::wgmma_desc_sw128(rows);
-  zero_qbar_rows(rows, tid);
+  if constexpr (kProducts) zero_qbar_rows(rows, tid);
   RingSlot slot;
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
@@ -238,15 +246,22 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
     if constexpr (!kDynamic) w += gridDim.x;
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
     // The last tile's wgmmas completed (tile_delta_wgmma waits): the rows may be rewritten.
-    const float unscale = write_qbar_rows(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
+    float unscale = 0.0f;
+    if constexpr (kProducts) {
+      unscale = write_qbar_rows(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
+    }
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kKStages>();
       const uint32_t parity = slot.parity<Smem::kKStages>();
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
-      tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st],
-                                                            it.seg_len - t * kTileKeys, warp, lane);
+      if constexpr (kProducts) {
+        tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st],
+                                                              it.seg_len - t * kTileKeys, warp, lane);
+      } else {
+        tile_delta_mask_wg(sm.delta[st], it.seg_len - t * kTileKeys, tid);
+      }
       // Each warp releases the tile after its own reads (ldmatrix, or its wait for the SS wgmmas'
       // completion; as the delta warps do): the warpgroup-wide wgmma completion would order the
       // ldmatrix reads too, but racecheck cannot see that.
@@ -312,7 +327,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[64], const Nvfp4RowState& s
 }
 
 // The delta of the tile of `slot` as the initial scores; then the warp hands the delta buffer
-// back to the delta warps.
+// back to the delta warpgroup (or warps).
 template <class Smem>
 __device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
   const int stage = slot.stage<Smem::kKStages>();

@@ -19,7 +19,7 @@ namespace sm90 {
 
 constexpr int kFp16AtomBytes = 128 * 128;              // 128 rows x 64 f16
 constexpr uint32_t kFp16TileBytes = 2 * kFp16AtomBytes;  // one 128 x 128 f16 tile
-constexpr int kDeltaWarps = 3;  // warps 1-3 of the producer warpgroup (nvfp4_delta.cuh)
+constexpr int kDeltaWarps = 3;  // delta_mma_sync build: warps 1-3 of the producer warpgroup (nvfp4_delta.cuh)
 constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7F
 
 // An entry of the P scales' fold table (nvfp4_softmax.cuh, kFoldPScale), per UE4M3 code: log2 s
@@ -45,7 +45,7 @@ struct alignas(1024) Nvfp4SharedStorage {
   float delta[kKDepth][kTileKeys];        // delta (or -inf) of the K tile's positions
   float recip[kScaleCodes];               // correctly rounded 1 / value of a UE4M3 code (0 for 0); unfolded builds
   PScaleFold p_fold[kScaleCodes];         // the fold table (PScaleFold); production
-  uint32_t qbar_parts[kDeltaWarps][2 * 64];  // each delta warp's FP16 hi / lo parts of qbar (nvfp4_delta.cuh)
+  uint32_t qbar_parts[kDeltaWarps][2 * 64];  // delta_mma_sync build: each delta warp's qbar hi / lo parts
   uint64_t q_full, q_empty;
   uint64_t k_full[kKDepth], k_empty[kKDepth];
   uint64_t v_full[kVDepth], v_empty[kVDepth];
@@ -53,10 +53,10 @@ struct alignas(1024) Nvfp4SharedStorage {
   ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
 };
 
-// The delta warpgroup's B operand (benchmark build kDeltaOnWgmma, nvfp4_delta.cuh): qbar's FP16
-// hi and lo parts as rows 0 and 1 of 8 K-major rows (rows 2-7 zero) in the 128-byte swizzle, one
+// The delta warpgroup's B operand (kDeltaOnWgmma, production; nvfp4_delta.cuh): qbar's FP16 hi
+// and lo parts as rows 0 and 1 of 8 K-major rows (rows 2-7 zero) in the 128-byte swizzle, one
 // 1 KB atom per 64 channels. It follows the storage in dynamic shared memory (delta_qbar_rows),
-// so the production layout is unchanged.
+// which the delta_mma_sync benchmark build lays out without it.
 struct alignas(1024) DeltaQbarRows {
   uint8_t atoms[2][1024];
 };
@@ -78,18 +78,19 @@ static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages>() <= 227 * 1024,
               "Hopper allows 227 KB of shared memory per block");
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the
-// bytes (delta_full: every lane of the three delta warps, each after its own writes); empty
-// barriers: K tiles on each consumer warpgroup (its wgmma read them) and each delta warp (its
-// ldmatrix did), the delta buffer on every consumer thread (after its own loads: a direct
-// consumer -> delta-warp handoff, which compute-sanitizer's racecheck can follow; the indirect
+// bytes (delta_full: every thread of the delta warpgroup, or every lane of the three delta warps,
+// each after its own writes); empty barriers: K tiles on each consumer warpgroup (its wgmma read
+// them) and each delta warp, the delta buffer on every consumer thread (after its own loads: a
+// direct consumer -> delta-thread handoff, which compute-sanitizer's racecheck can follow; the indirect
 // one through k_empty, the producer's copy and k_full is as safe but not visible to it), V tiles
 // and the Q block on each consumer warpgroup.
 constexpr uint32_t kDeltaThreads = kDeltaWarps * 32;
 constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 
-// kDeltaWg (benchmark build kDeltaOnWgmma): the delta products of a whole warpgroup instead of
-// three warps; each of its four warps releases a K tile after its ldmatrix reads, and every one
-// of its threads publishes its own delta writes and reads the item.
+// kDeltaWg (kDeltaOnWgmma, production): the delta products of a whole warpgroup instead of three
+// warps; each of its four warps releases a K tile once its reads are done (its wgmmas' completion,
+// or its ldmatrix in the RS build), and every one of its threads publishes its own delta writes
+// and reads the item.
 template <bool kDeltaWg = false, int kKDepth, int kVDepth>
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
   constexpr uint32_t kDeltaReaders = kDeltaWg ? kWarpgroupThreads : kDeltaThreads;

@@ -132,8 +132,8 @@ struct RingSlot {
 // consumer arrives on it after issuing its own, so the two alternate and one's softmax overlaps
 // the other's tensor-core work.
 // kQuantizers: the FP8 kernel's Q quantizer warps (fp8_q_quantizer.cuh) between their phases.
-// kDeltaWarpgroup: the NVFP4 delta warpgroup (benchmark build kDeltaOnWgmma, nvfp4_delta.cuh) once
-// an item's qbar operand is in shared memory.
+// kDeltaWarpgroup: the NVFP4 delta warpgroup (nvfp4_delta.cuh write_qbar_rows) around writing an
+// item's qbar operand into shared memory.
 enum NamedBarrier : uint32_t { kTurn = 1, kQuantizers = 3, kDeltaWarpgroup = 4 };
 constexpr uint32_t kPingPongThreads = 2 * kWarpgroupThreads;
 

@@ -1,14 +1,15 @@
-"""GPU tests of the Hopper NVFP4 kernel's ``delta_wgmma=True`` and ``delta_wgmma_smem_a=True``
-benchmark builds (Nvfp4Variant kDeltaOnWgmma: the delta products as ``wgmma m64n8k16`` by a fourth
-warpgroup instead of mma.sync on three producer warps, A in registers or, kDeltaWgmmaSmemA, read
-from shared memory; sm_90a only).
+"""GPU tests of the Hopper NVFP4 kernel's other delta forms and orders (benchmark builds):
+``delta_mma_sync=True`` (the delta products as mma.sync on warps 1-3 of the producer warpgroup,
+production until 2026-12-06), ``delta_wgmma_regs=True`` (the delta warpgroup's wgmma m64n8k16 with
+A in registers through ldmatrix instead of read from shared memory), and production's delta
+warpgroup in the static item order (``dynamic_schedule=False``); sm_90a only.
 
-The build is not production, but its output is attention and is measured against production
+The builds are not production, but their output is attention and is measured against production
 (benchmarks/bench_wgmma_variants.py, bench_energy.py), so it must be right first: this file reruns
-the kernel cases of ``test_attention_nvfp4_gpu.py`` on it (the ``module`` fixture below replaces
+the kernel cases of ``test_attention_nvfp4_gpu.py`` on them (the ``module`` fixture below replaces
 that file's, as ``test_attention_nvfp4_wgmma_gpu.py`` does for production: relative L2 <= 0.02
 against the reference emulation, SPEC 5's bars, poisoned outputs and workspace, packed segments
-with empty ones, 1-56 heads, determinism, a side stream, graph replay), and compares it with the
+with empty ones, 1-56 heads, determinism, a side stream, graph replay), and compares them with the
 production build on the same operands: the products are the same exact FP16 x FP16 terms, only
 the tensor core's FP32 summation order may differ, so the outputs agree to rounding.
 """
@@ -47,13 +48,11 @@ def _build(flags: dict[str, Any]) -> Any:
     return load_so(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
 
 
-# The build in both item orders (the dynamic one, production's, and static striding), and the
-# build whose delta wgmmas read the K tile from shared memory (delta_wgmma_smem_a: SS, not RS).
 @pytest.fixture(scope="module", params=[
-    {"delta_wgmma": True},
-    {"delta_wgmma": True, "dynamic_schedule": False},
-    {"delta_wgmma_smem_a": True},
-], ids=["dynamic", "static", "smem_a"])
+    {"delta_mma_sync": True},
+    {"delta_wgmma_regs": True},
+    {"dynamic_schedule": False},
+], ids=["mma_sync", "wgmma_regs", "static"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 
@@ -75,4 +74,4 @@ def test_matches_production(module: Any, lengths: list[int], heads: int, kind: s
     assert torch.isfinite(got).all() and not got.guard.isfinite().any()
     diff = ((got.double() - expected.double()).norm() / expected.double().norm()).item()
     bar = 3e-4 if kind == "gauss" else 1e-3  # larger scores: more E2M1 ties of P move
-    assert math.isfinite(diff) and diff <= bar, f"delta on wgmma vs mma.sync: rel L2 {diff:.2e}"
+    assert math.isfinite(diff) and diff <= bar, f"build vs production: rel L2 {diff:.2e}"
