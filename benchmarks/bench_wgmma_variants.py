@@ -12,8 +12,7 @@ f16x2 pairs), ``row_divisor=True`` (the epilogue's quotients through one recipro
 kernel's, instead of a div.rn each), ``delta_mma_sync=True`` (the delta products as mma.sync on
 warps 1-3 of the producer warpgroup, production until 2026-12-06, instead of a warpgroup's wgmma),
 ``delta_wgmma_regs=True`` (that warpgroup's wgmma with the K rows in registers through ldmatrix
-instead of read from shared memory), ``delta_ffma=True`` (that warpgroup's products as FFMA on
-the FP32 pipe), ``kv_copies=False`` (as FP8's, below), ``k_stages`` /
+instead of read from shared memory), ``kv_copies=False`` (as FP8's, below), ``k_stages`` /
 ``v_stages`` (the K and V ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV
 tile), ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production
 64, 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
@@ -86,7 +85,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             {"delta_mma_sync": True},
         "delta warpgroup's wgmma with the K rows in registers (ldmatrix)":
             {"delta_wgmma_regs": True},
-        "delta warpgroup's products as FFMA (FP32 pipe, no tensor core)": {"delta_ffma": True},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

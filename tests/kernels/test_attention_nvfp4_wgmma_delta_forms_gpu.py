@@ -1,9 +1,8 @@
 """GPU tests of the Hopper NVFP4 kernel's other delta forms and orders (benchmark builds):
 ``delta_mma_sync=True`` (the delta products as mma.sync on warps 1-3 of the producer warpgroup,
 production until 2026-12-06), ``delta_wgmma_regs=True`` (the delta warpgroup's wgmma m64n8k16 with
-A in registers through ldmatrix instead of read from shared memory), ``delta_ffma=True`` (that
-warpgroup's products as FFMA on the FP32 pipe), and production's delta warpgroup in the static
-item order (``dynamic_schedule=False``); sm_90a only.
+A in registers through ldmatrix instead of read from shared memory), and production's delta
+warpgroup in the static item order (``dynamic_schedule=False``); sm_90a only.
 
 The builds are not production, but their output is attention and is measured against production
 (benchmarks/bench_wgmma_variants.py, bench_energy.py), so it must be right first: this file reruns
@@ -11,9 +10,8 @@ the kernel cases of ``test_attention_nvfp4_gpu.py`` on them (the ``module`` fixt
 that file's, as ``test_attention_nvfp4_wgmma_gpu.py`` does for production: relative L2 <= 0.02
 against the reference emulation, SPEC 5's bars, poisoned outputs and workspace, packed segments
 with empty ones, 1-56 heads, determinism, a side stream, graph replay), and compares them with the
-production build on the same operands: the products are the same exact FP16 x FP16 terms (FP32
-FFMAs rounding each in the delta_ffma build), only the FP32 summation order may differ, so the
-outputs agree to rounding.
+production build on the same operands: the products are the same exact FP16 x FP16 terms, only
+the tensor core's FP32 summation order may differ, so the outputs agree to rounding.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ def _build(flags: dict[str, Any]) -> Any:
 @pytest.fixture(scope="module", params=[
     {"delta_mma_sync": True},
     {"delta_wgmma_regs": True},
-    {"delta_ffma": True},
     {"dynamic_schedule": False},
-], ids=["mma_sync", "wgmma_regs", "ffma", "static"])
+], ids=["mma_sync", "wgmma_regs", "static"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 

@@ -171,15 +171,14 @@ def test_delta_benchmark_builds() -> None:
     producer warps, no 64x8 wgmma, 384 threads, 2 KB less shared memory (no qbar rows);
     ``delta_wgmma_regs=True`` as ``HGMMA.64x8x16.F32`` with A from registers (8 k16 steps, the
     loop over the tile's two m64 blocks rolled), fed by ldmatrix, the same shared memory as
-    production; ``delta_ffma=True`` as FFMA on the FP32 pipe (two HADD2.F32 conversions a K
-    chunk's word, no tensor-core delta); and ``delta=False`` (the warpgroup writes the mask alone:
-    no delta product at all). The consumers' 32 FP16 wgmmas are production's in all four."""
+    production; and ``delta=False`` (the warpgroup writes the mask alone: no delta product at
+    all). The consumers' 32 FP16 wgmmas are production's in all three."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
     smem = int(bt.load(production).attention_nvfp4_wgmma_smem_bytes())
     builds = {}
-    for flag in ("delta_mma_sync", "delta_wgmma_regs", "delta_ffma", "delta"):
+    for flag in ("delta_mma_sync", "delta_wgmma_regs", "delta"):
         flags = {flag: flag != "delta"}
         so = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
         bt.assert_no_local_memory(so, KERNEL)
@@ -193,9 +192,6 @@ def test_delta_benchmark_builds() -> None:
     assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, R\d+, gdesc", sass)) == 8
     assert "LDSM" in sass and "HMMA.16816" not in sass
     assert regs_smem == smem <= MAX_SMEM
-    sass, ffma_smem = builds["delta_ffma"]
-    assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
-    assert len(re.findall(r"\bHADD2\.F32 ", sass)) >= 128 and ffma_smem == smem
     sass, _ = builds["delta"]
     assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
 

@@ -14,7 +14,11 @@
 // than the consumers' GEMMs: benchmarks/RESULTS.md). The wgmma form is the same products as
 // 2 m64 blocks x 8 k16 steps, read by the tensor cores straight from shared memory: 1.3-2.3 %
 // less kernel time than the mma.sync form on the H100 (benchmarks/RESULTS.md, twenty-fifth
-// session).
+// session). Either form costs the kernel ~6 % (the delta=False build): N = 8 products bound by
+// their 2 KB A operand hold the tensor pipe ~16 cycles each. (Measured and removed, same session:
+// the products as FFMA on the FP32 pipe, one position a thread of the delta warpgroup, +2.9 to
+// +4.2 % time and +2.1 to +3.4 % joules: the FMA and issue slots they take from the consumers'
+// softmax cost more than the tensor-pipe time they free.)
 //
 // Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
 // hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the
@@ -34,7 +38,6 @@
 #include "../../ptx/ldmatrix.cuh"
 #include "../../ptx/mbarrier.cuh"
 #include "../../ptx/mma_sync.cuh"
-#include "../../ptx/smem_addr.cuh"
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
 #include "nvfp4_key_order.cuh"
@@ -274,58 +277,6 @@ __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale,
       store_block_delta(d, b, unscale, delta, valid, warp, lane);
     }
   }
-}
-
-// ---- the delta products on the FP32 pipe (benchmark build delta_ffma) -------------------------
-// The delta warpgroup without tensor cores: thread p computes position p's dot product with FFMA,
-// its K' row read from the tile (16-byte chunk c of atom a at chunk c ^ (p % 8): the swizzle makes
-// a warp's 32 rows conflict-free), qbar from shared memory (the same address for the whole warp:
-// a broadcast). Why measure it: the wgmma form's 2 x 8 m64n8k16 use 2 of 8 B columns and are
-// bound by their A operand (2 KB of K a wgmma), so they hold the tensor pipe ~16 cycles each,
-// ~6 % of a tile's period, the whole cost of the delta (benchmarks/RESULTS.md, twenty-fifth
-// session); 128 x 128 FFMAs instead spend ~3 % of the FMA pipe and ~7 % of the issue slots.
-// Numerics: FP32 products of qbar (FP32) and Khat (FP16, exact in FP32), four partial sums of 32
-// terms (8-channel chunks c with c % 4 = s, in channel order), then (s0 + s1) + (s2 + s3): an FP32 dot product as SPEC 3.4 asks (the
-// wgmma form's is exact products summed by the tensor core), so outputs differ from production's
-// by rounding.
-
-// The item's qbar (128 FP32 channels) into `rows` (the DeltaQbarRows bytes), between two meetings
-// of the warpgroup as write_qbar_rows: the previous item's readers are done, and no thread reads
-// before warp 0 wrote.
-__device__ __forceinline__ void write_qbar_fp32(const float* __restrict__ qbar, uint8_t* rows, int warp, int lane) {
-  ptx::named_barrier_sync(kDeltaWarpgroup, kWarpgroupThreads);
-  if (warp == 0) {
-    reinterpret_cast<float4*>(rows)[lane] = __ldg(reinterpret_cast<const float4*>(qbar) + lane);
-  }
-  ptx::named_barrier_sync(kDeltaWarpgroup, kWarpgroupThreads);
-}
-
-// Position `tid` of the K tile at `k_tile`: its delta (qbar in `rows`, FP32) into delta[tid],
-// -inf at or past `valid`.
-__device__ __forceinline__ void tile_delta_ffma(const uint8_t* rows, const uint8_t* k_tile, float* delta, int valid,
-                                                int tid) {
-  const uint32_t row = ptx::smem_addr(k_tile) + 128u * static_cast<uint32_t>(tid);
-  const uint32_t q = ptx::smem_addr(rows);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int chunk = 0; chunk < 16; ++chunk) {  // channels 8 chunk .. 8 chunk + 7
-    const int atom = chunk >> 3, c = chunk & 7;
-    const uint4 k8 = ptx::ld_shared_v4_b32(row + atom * kFp16AtomBytes + 16 * (c ^ (tid & 7)));
-    const uint4 q0 = ptx::ld_shared_v4_b32(q + 32 * chunk);
-    const uint4 q1 = ptx::ld_shared_v4_b32(q + 32 * chunk + 16);
-    const uint32_t kw[4] = {k8.x, k8.y, k8.z, k8.w};
-    const float qv[8] = {__uint_as_float(q0.x), __uint_as_float(q0.y), __uint_as_float(q0.z), __uint_as_float(q0.w),
-                         __uint_as_float(q1.x), __uint_as_float(q1.y), __uint_as_float(q1.z), __uint_as_float(q1.w)};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&kw[w]));
-      float& a = acc[chunk & 3];  // four independent chains (latency), 32 terms each
-      a = __fmaf_rn(qv[2 * w], kf.x, a);
-      a = __fmaf_rn(qv[2 * w + 1], kf.y, a);
-    }
-  }
-  const int key = (tid & ~(kKeyWindow - 1)) + window_key_at(tid & (kKeyWindow - 1));
-  delta[tid] = key < valid ? (acc[0] + acc[1]) + (acc[2] + acc[3]) : -INFINITY;
 }
 
 // The benchmark builds without delta products (Nvfp4Variant kComputeDelta off): the same

@@ -95,9 +95,6 @@ enum Nvfp4Variant : int {
   // J), RS -1 to -2 % at h3-mix and +0.8 to +2.6 % at h3-10s (benchmarks/RESULTS.md,
   // twenty-fifth session).
   kDeltaWgmmaSmemA = 2048,
-  // Not in production (a benchmark build adds it to kDeltaOnWgmma's warpgroup): the delta products
-  // on the FP32 pipe instead of the tensor cores, one position a thread (tile_delta_ffma).
-  kDeltaOnFfma = 4096,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA,
 };
@@ -238,11 +235,10 @@ template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p, int tid) {
   constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
   constexpr bool kProducts = (kVariant & kComputeDelta) != 0;
-  constexpr bool kFfma = (kVariant & kDeltaOnFfma) != 0;
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* rows = delta_qbar_rows(sm).atoms[0];
   const uint64_t b_desc = ptx::wgmma_desc_sw128(rows);
-  if constexpr (kProducts && !kFfma) zero_qbar_rows(rows, tid);
+  if constexpr (kProducts) zero_qbar_rows(rows, tid);
   RingSlot slot;
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
@@ -251,9 +247,7 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
     // The last tile's wgmmas completed (tile_delta_wgmma waits): the rows may be rewritten.
     float unscale = 0.0f;
-    if constexpr (kProducts && kFfma) {
-      write_qbar_fp32(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
-    } else if constexpr (kProducts) {
+    if constexpr (kProducts) {
       unscale = write_qbar_rows(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
     }
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
@@ -262,9 +256,7 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
       const uint32_t parity = slot.parity<Smem::kKStages>();
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
-      if constexpr (kProducts && kFfma) {
-        tile_delta_ffma(rows, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, tid);
-      } else if constexpr (kProducts) {
+      if constexpr (kProducts) {
         tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st],
                                                               it.seg_len - t * kTileKeys, warp, lane);
       } else {
