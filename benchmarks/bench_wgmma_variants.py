@@ -85,6 +85,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             {"delta_mma_sync": True},
         "delta warpgroup's wgmma with the K rows in registers (ldmatrix)":
             {"delta_wgmma_regs": True},
+        "consumers at 216 registers (the delta warpgroup at 40)": {"wide_consumers": True},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

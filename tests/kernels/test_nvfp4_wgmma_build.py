@@ -66,7 +66,8 @@ def test_roles_register_split() -> None:
     """Four warpgroups of 128 registers a thread at launch (512 threads: the whole register
     file; a CTA that started with fewer would spin in the consumers' increase): the TMA
     warpgroup drops to 40, the delta warpgroup to 72, the consumers rise to 200; the
-    ``delta_mma_sync`` build's three warpgroups start at 168 and split 96 / 200."""
+    ``delta_mma_sync`` build's three warpgroups start at 168 and split 96 / 200; the
+    ``wide_consumers`` build gives the consumers 216, the delta warpgroup 40, without spills."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
@@ -81,6 +82,12 @@ def test_roles_register_split() -> None:
     assert bt.resources(mma_sync, KERNEL)["REG"] == 168
     assert re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x60\b", sass)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
+    wide = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                          flags={"wide_consumers": True})))
+    sass = bt.sass(wide, KERNEL)
+    assert len(re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x28\b", sass)) == 2
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xd8\b", sass)
+    bt.assert_no_local_memory(wide, KERNEL)
 
 
 def test_no_local_memory(so: Path) -> None:

@@ -65,6 +65,13 @@ constexpr uint32_t kNvfp4DeltaWgRegs = 72;
 static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
                   (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
               "the four warpgroups' registers must come from the launch's 128 a thread");
+// The wide_consumers benchmark build (kWideConsumers): the SS delta warpgroup at 40, what it frees
+// to the consumers (216).
+constexpr uint32_t kNvfp4DeltaWgRegsNarrow = 40;
+constexpr uint32_t kNvfp4WideConsumerRegs = 216;
+static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegsNarrow + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <=
+                  (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
+              "the four warpgroups' registers must come from the launch's 128 a thread");
 
 
 // What a build computes (KernelConfig flags of benchmark-only builds switch parts off to measure
@@ -95,6 +102,9 @@ enum Nvfp4Variant : int {
   // J), RS -1 to -2 % at h3-mix and +0.8 to +2.6 % at h3-10s (benchmarks/RESULTS.md,
   // twenty-fifth session).
   kDeltaWgmmaSmemA = 2048,
+  // Not in production (a benchmark build adds it to the SS delta warpgroup): the delta warpgroup
+  // at 40 registers, the consumers at 216 instead of 200 (ptxas schedules their code with more).
+  kWideConsumers = 4096,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA,
 };
@@ -478,6 +488,8 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
+  constexpr bool kWide = (kVariant & kWideConsumers) != 0;
+  static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
   if (threadIdx.x == 0) {
     init_barriers<kDeltaWg>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
@@ -497,10 +509,10 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                                                                                                      &tm_v, p);
       }
     } else if (warpgroup == 1) {
-      ptx::setmaxnreg_dec<kNvfp4DeltaWgRegs>();
+      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegsNarrow : kNvfp4DeltaWgRegs>();
       produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
     } else {
-      ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();
+      ptx::setmaxnreg_inc<kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();
       consume<kVariant>(sm, p, warpgroup - 2);
     }
     return;
