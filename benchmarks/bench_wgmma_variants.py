@@ -12,26 +12,27 @@ f16x2 pairs), ``row_divisor=True`` (the epilogue's quotients through one recipro
 kernel's, instead of a div.rn each), ``delta_mma_sync=True`` (the delta products as mma.sync on
 warps 1-3 of the producer warpgroup, production until 2026-12-06, instead of a warpgroup's wgmma),
 ``delta_wgmma_regs=True`` (that warpgroup's wgmma with the K rows in registers through ldmatrix
-instead of read from shared memory), ``kv_copies=False`` (as FP8's, below), ``k_stages`` /
-``v_stages`` (the K and V ring depths). FP8 builds: ``tile_keys`` (256, production, or 128 keys a KV
-tile), ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA pipe; production
-64, 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed
-as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers);
-``kv_copies=False`` (K and V copied into each ring slot once, later tiles reuse it: what their way
-from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of query blocks
-sharing every K/V tile copy; its schedule from ``Plan.schedule_for``); ``q_in_kernel=1`` (Q
-quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read as the pre-pass's
-codes; its time includes that work; ``2``: each consumer's 64 rows handed over on a barrier of their
-own). Both: ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py: production 8),
-``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered), ``wait_sleep_ns=0`` (the
-producer warpgroup's waits poll instead of suspending), ``dynamic_schedule`` (NVFP4: False, the CTAs
-stride statically over the items instead of drawing them from a counter; FP8: True, the other way
-round), ``smem_carveout`` (the preferred shared-memory carveout). FP8 also: the production build
-with its CTAs striding over the items (``--only striding``), against the plan's balanced item
-schedule (flashinfer_h3/plan.py item_schedule). benchmarks/RESULTS.md also records builds tried and
-removed (other GEMM-phase schedules, PV accumulators over several tiles, a row-split softmax, waits
-and releases, a second Q block). Outputs of the delta / softmax / O-update builds are not attention;
-their times say what each part costs.
+instead of read from shared memory), ``wide_consumers=False`` (the consumers at 200 registers and
+the delta warpgroup at 72 instead of 216 and 40), ``kv_copies=False`` (as FP8's, below),
+``k_stages`` / ``v_stages`` (the K and V ring depths). FP8 builds: ``tile_keys`` (256, production,
+or 128 keys a KV tile), ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA
+pipe; production 64, 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only:
+``softmax=False`` (S packed as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions
+and registers); ``kv_copies=False`` (K and V copied into each ring slot once, later tiles reuse it:
+what their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
+query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
+``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
+as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
+a barrier of their own). Both: ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py:
+production 8), ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered),
+``wait_sleep_ns=0`` (the producer warpgroup's waits poll instead of suspending),
+``dynamic_schedule`` (NVFP4: False, the CTAs stride statically over the items instead of drawing
+them from a counter; FP8: True, the other way round), ``smem_carveout`` (the preferred shared-memory
+carveout). FP8 also: the production build with its CTAs striding over the items (``--only
+striding``), against the plan's balanced item schedule (flashinfer_h3/plan.py item_schedule).
+benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
+accumulators over several tiles, a row-split softmax, waits and releases, a second Q block). Outputs
+of the delta / softmax / O-update builds are not attention; their times say what each part costs.
 Builds are timed in turn, in rounds (a drift of the clock under the power cap falls on all of
 them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
 
@@ -85,7 +86,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             {"delta_mma_sync": True},
         "delta warpgroup's wgmma with the K rows in registers (ldmatrix)":
             {"delta_wgmma_regs": True},
-        "consumers at 216 registers (the delta warpgroup at 40)": {"wide_consumers": True},
+        "consumers at 200 registers, the delta warpgroup at 72 (production until 2026-12-06)":
+            {"wide_consumers": False},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

@@ -64,30 +64,30 @@ def test_both_products_on_fp16_wgmma(so: Path) -> None:
 
 def test_roles_register_split() -> None:
     """Four warpgroups of 128 registers a thread at launch (512 threads: the whole register
-    file; a CTA that started with fewer would spin in the consumers' increase): the TMA
-    warpgroup drops to 40, the delta warpgroup to 72, the consumers rise to 200; the
-    ``delta_mma_sync`` build's three warpgroups start at 168 and split 96 / 200; the
-    ``wide_consumers`` build gives the consumers 216, the delta warpgroup 40, without spills."""
+    file; a CTA that started with fewer would spin in the consumers' increase): the TMA and
+    delta warpgroups drop to 40, the consumers rise to 216; the ``wide_consumers=False`` build
+    splits 40 / 72 / 200 (as the RS delta build must), without spills; the ``delta_mma_sync``
+    build's three warpgroups start at 168 and split 96 / 200."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
     sass = bt.sass(production, KERNEL)
     assert bt.resources(production, KERNEL)["REG"] == 128
+    assert len(re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x28\b", sass)) == 2
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xd8\b", sass)
+    narrow = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                            flags={"wide_consumers": False})))
+    sass = bt.sass(narrow, KERNEL)
     for regs in (0x28, 0x48):
         assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
+    bt.assert_no_local_memory(narrow, KERNEL)
     config = KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"delta_mma_sync": True})
     mma_sync = Path(build_module(config))
     sass = bt.sass(mma_sync, KERNEL)
     assert bt.resources(mma_sync, KERNEL)["REG"] == 168
     assert re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x60\b", sass)
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
-    wide = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
-                                          flags={"wide_consumers": True})))
-    sass = bt.sass(wide, KERNEL)
-    assert len(re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x28\b", sass)) == 2
-    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xd8\b", sass)
-    bt.assert_no_local_memory(wide, KERNEL)
 
 
 def test_no_local_memory(so: Path) -> None:

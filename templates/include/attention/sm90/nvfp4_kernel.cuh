@@ -58,19 +58,18 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
                   168 * kThreads,
               "the consumers' registers must come from the producer's");
 // Production (kDeltaOnWgmma): four warpgroups (TMA, delta, two consumers), 128 registers a thread
-// at launch; the consumers keep their 200, the delta warpgroup 72 (what its RS benchmark build's
-// ldmatrix fragments need; the SS one holds 8 accumulators).
+// at launch, the whole register file. The SS delta warpgroup (8 accumulators) keeps 40 like the
+// TMA one, and the consumers get 216 (kWideConsumers): with the 16 more, ptxas schedules their
+// code for 1.6-3.5 % less time and 2-3 % fewer joules (benchmarks/RESULTS.md, twenty-fifth
+// session). The RS delta build's ldmatrix fragments need 72, which leaves the consumers 200.
 constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
-constexpr uint32_t kNvfp4DeltaWgRegs = 72;
-static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
-                  (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
-              "the four warpgroups' registers must come from the launch's 128 a thread");
-// The wide_consumers benchmark build (kWideConsumers): the SS delta warpgroup at 40, what it frees
-// to the consumers (216).
-constexpr uint32_t kNvfp4DeltaWgRegsNarrow = 40;
+constexpr uint32_t kNvfp4DeltaWgRegs = 40;
 constexpr uint32_t kNvfp4WideConsumerRegs = 216;
-static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegsNarrow + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <=
-                  (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
+constexpr uint32_t kNvfp4DeltaWgRegsRs = 72;
+static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <=
+                      (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads) &&
+                  (kNvfp4TmaRegs + kNvfp4DeltaWgRegsRs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
+                      (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
               "the four warpgroups' registers must come from the launch's 128 a thread");
 
 
@@ -102,11 +101,11 @@ enum Nvfp4Variant : int {
   // J), RS -1 to -2 % at h3-mix and +0.8 to +2.6 % at h3-10s (benchmarks/RESULTS.md,
   // twenty-fifth session).
   kDeltaWgmmaSmemA = 2048,
-  // Not in production (a benchmark build adds it to the SS delta warpgroup): the delta warpgroup
-  // at 40 registers, the consumers at 216 instead of 200 (ptxas schedules their code with more).
+  // With kDeltaWgmmaSmemA: the delta warpgroup at 40 registers, the consumers at 216. Off
+  // (benchmark build wide_consumers=False, production until 2026-12-06): 72 and 200.
   kWideConsumers = 4096,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
-                     kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA,
+                     kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
 // Threads a CTA of the build kVariant.
 template <int kVariant>
@@ -509,7 +508,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                                                                                                      &tm_v, p);
       }
     } else if (warpgroup == 1) {
-      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegsNarrow : kNvfp4DeltaWgRegs>();
+      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsRs>();
       produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
     } else {
       ptx::setmaxnreg_inc<kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();
