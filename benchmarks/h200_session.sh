@@ -78,8 +78,10 @@ fi
 
 if [[ $what == all || $what == sanitize ]]; then
     cat > /tmp/small_call.py <<'PY'
+import os
+
 import torch
-from flashinfer_h3 import varlen_attention_fp8, varlen_attention_nvfp4
+from flashinfer_h3 import benchtools, varlen_attention_fp8, varlen_attention_nvfp4
 bounds = [0, 1, 17, 17, 162, 300, 700, 1500]  # a segment of > 2 tiles reuses ring slots within an item
 t = bounds[-1]
 q, k, v = (torch.randn(t, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -90,10 +92,7 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
     assert torch.isfinite(out.float()).all()
     print(op.__name__, "small packed call ok", tuple(out.shape))
 # SAN_BUILDS="nvfp4:delta_mma_sync=1 fp8:kv_copies=0": benchmark builds of the Hopper kernels too,
-# their pre-pass and kernel on the same call (built into the cache first, outside the sanitizer
-# run when the cache was carried).
-import os
-from flashinfer_h3 import benchtools
+# their pre-pass and kernel on the same call (built by the plain run below, outside the sanitizers).
 for spec in os.environ.get("SAN_BUILDS", "").split():
     op, _, flags = spec.partition(":")
     ko = benchtools.kernel_only_build(op, benchtools.parse_build_flags(flags), q, k, v, bounds,
@@ -105,6 +104,9 @@ for spec in os.environ.get("SAN_BUILDS", "").split():
     print(op, flags, "build: small packed call ok")
 PY
     {
+        # Once without a sanitizer: builds what SAN_BUILDS names (not on the sanitizers' clock)
+        # and checks the script itself.
+        timeout ${SAN_TIMEOUT:-150} python3 /tmp/small_call.py || echo "small call failed: exit $?"
         # SAN_TOOLS: a subset (e.g. racecheck alone for a new build's barriers).
         for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
             timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/small_call.py

@@ -316,7 +316,8 @@ enum LoopRole : int {
 };
 
 // The register split: launch gives 65,536 / threads a thread (168 for 384, 128 for 512);
-// warpgroup 0 only idles. Two consumers: the NVFP4 kernel's split (96 / 200). Three: 32 / 160,
+// warpgroup 0 only idles. Two consumers: the split of the NVFP4 kernel's three-warpgroup
+// delta_mma_sync build (96 / 200; production has four warpgroups, 40 / 40 / 216). Three: 32 / 160,
 // which uses all 65,536 (setmaxnreg takes multiples of 8; 24 for the idle warpgroup would leave
 // the consumers at 160 all the same).
 template <int kConsumersN>

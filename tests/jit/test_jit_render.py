@@ -244,6 +244,22 @@ def test_flags_order_does_not_matter() -> None:
              "& ~fh3::sm90::kDynamicOrder", "& ~fh3::sm90::kCopyKvTiles",
              "| fh3::sm90::kRowDivisorEpilogue;"],
         ),
+        (
+            "nvfp4_wgmma",
+            {"delta_mma_sync": True},
+            ["& ~(fh3::sm90::kDeltaOnWgmma | fh3::sm90::kDeltaWgmmaSmemA | "
+             "fh3::sm90::kWideConsumers);"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"delta_wgmma_regs": True},
+            ["& ~(fh3::sm90::kDeltaWgmmaSmemA | fh3::sm90::kWideConsumers);"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"wide_consumers": False},
+            ["& ~fh3::sm90::kWideConsumers;"],
+        ),
     ],
 )
 def test_benchmark_flags_reach_the_hopper_bindings(

@@ -173,17 +173,19 @@ def test_producer_waits_suspend() -> None:
 
 
 def test_delta_benchmark_builds() -> None:
-    """The delta products' other forms (benchmark builds), both without local memory:
+    """The delta products' other forms (benchmark builds), all without local memory:
     ``delta_mma_sync=True`` (production until 2026-12-06) as FP16 ``HMMA.16816.F32`` on three
     producer warps, no 64x8 wgmma, 384 threads, 2 KB less shared memory (no qbar rows);
     ``delta_wgmma_regs=True`` as ``HGMMA.64x8x16.F32`` with A from registers (8 k16 steps, the
-    loop over the tile's two m64 blocks rolled), fed by ldmatrix, the same shared memory as
-    production; and ``delta=False`` (the warpgroup writes the mask alone: no delta product at
-    all). The consumers' 32 FP16 wgmmas are production's in all three."""
+    loop over the tile's two m64 blocks rolled), fed by ldmatrix, 512 threads split 40 / 72 /
+    200, the same shared memory as production; and ``delta=False`` (the warpgroup writes the
+    mask alone: no delta product at all). The consumers' 32 FP16 wgmmas are production's in all
+    three; production launches 512 threads."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a")))
     smem = int(bt.load(production).attention_nvfp4_wgmma_smem_bytes())
+    assert bt.max_threads(production, KERNEL)[0] == 512
     builds = {}
     for flag in ("delta_mma_sync", "delta_wgmma_regs", "delta"):
         flags = {flag: flag != "delta"}
@@ -191,16 +193,36 @@ def test_delta_benchmark_builds() -> None:
         bt.assert_no_local_memory(so, KERNEL)
         sass = bt.sass(so, KERNEL)
         assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
-        builds[flag] = (sass, int(bt.load(so).attention_nvfp4_wgmma_smem_bytes()))
-    sass, mma_sync_smem = builds["delta_mma_sync"]
+        smem_of = int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
+        builds[flag] = (sass, smem_of, bt.max_threads(so, KERNEL)[0])
+    sass, mma_sync_smem, threads = builds["delta_mma_sync"]
     assert re.search(r"HMMA\.16816\.F32 ", sass) and "HGMMA.64x8x16" not in sass
-    assert mma_sync_smem == smem - 2048
-    sass, regs_smem = builds["delta_wgmma_regs"]
+    assert mma_sync_smem == smem - 2048 and threads == 384
+    sass, regs_smem, threads = builds["delta_wgmma_regs"]
     assert len(re.findall(r"HGMMA\.64x8x16\.F32 R\d+, R\d+, gdesc", sass)) == 8
     assert "LDSM" in sass and "HMMA.16816" not in sass
-    assert regs_smem == smem <= MAX_SMEM
-    sass, _ = builds["delta"]
+    assert regs_smem == smem <= MAX_SMEM and threads == 512
+    for regs in (0x28, 0x48):
+        assert re.search(rf"USETMAXREG\.DEALLOC\.CTAPOOL {regs:#x}\b", sass), hex(regs)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
+    sass, _, _ = builds["delta"]
     assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
+
+
+@pytest.mark.parametrize("flags", [
+    {"delta_mma_sync": True, "delta_wgmma_regs": True},
+    {"delta_mma_sync": True, "wide_consumers": True},
+    {"delta_wgmma_regs": True, "wide_consumers": True},
+    {"delta_wgmma": True}, {"delta_wgmma_smem_a": 1}, {"delta_ffma": True},
+])
+def test_conflicting_or_removed_delta_flags_do_not_build(flags: dict) -> None:
+    """Two delta forms at once, the wide consumers without the SS delta, and the flags of
+    removed builds stop the compile with an error naming the flag (rather than building
+    production or one form quietly, which a benchmark would then compare with production)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    with pytest.raises(Exception, match="KernelConfig flag"):
+        build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags))
 
 
 # ---------------------------------------------------------------------------------------------

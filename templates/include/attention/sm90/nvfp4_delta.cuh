@@ -5,20 +5,19 @@
 // warpgroup as mma.sync (tile_delta).
 //
 // Why a tensor-core product: the dot products are 128 x 128 FMAs per tile (on the FP32 pipe,
-// with the FP16 -> FP32 conversions, a tenth of the SM's issue slots, which the consumers need).
+// with the FP16 -> FP32 conversions, a tenth of the SM's issue slots, which the consumers need;
+// measured and removed in the twenty-fifth session: one position a thread of the delta
+// warpgroup, +2.9 to +4.2 % time and +2.1 to +3.4 % joules against the wgmma form).
 // As mma.sync m16n8k16 (FP16 in, FP32 accumulate) with A = 16 keys of the K tile and B = qbar in
-// columns 0 and 1 (the other six zero), a tile is 8 m16 blocks x 8 k16 steps = 64 HMMAs.
-// Three warps (1, 2, 3: one per SM sub-partition other than the TMA warp's) share them, so each
-// sub-partition's tensor core spends about 5 % of a tile's time on delta, and each warp runs two
-// or three independent accumulation chains (one chain of 64 dependent HMMAs measured 3x slower
-// than the consumers' GEMMs: benchmarks/RESULTS.md). The wgmma form is the same products as
-// 2 m64 blocks x 8 k16 steps, read by the tensor cores straight from shared memory: 1.3-2.3 %
+// columns 0 and 1 (the other six zero), a tile is 8 m16 blocks x 8 k16 steps = 64 HMMAs; in that
+// form three warps (1, 2, 3: one per SM sub-partition other than the TMA warp's) share them, so
+// each sub-partition's tensor core spends about 5 % of a tile's time on delta, and each warp runs
+// two or three independent accumulation chains (one chain of 64 dependent HMMAs measured 3x
+// slower than the consumers' GEMMs: benchmarks/RESULTS.md). The wgmma form is the same products
+// as 2 m64 blocks x 8 k16 steps, read by the tensor cores straight from shared memory: 1.3-2.3 %
 // less kernel time than the mma.sync form on the H100 (benchmarks/RESULTS.md, twenty-fifth
 // session). Either form costs the kernel ~6 % (the delta=False build): N = 8 products bound by
-// their 2 KB A operand hold the tensor pipe ~16 cycles each. (Measured and removed, same session:
-// the products as FFMA on the FP32 pipe, one position a thread of the delta warpgroup, +2.9 to
-// +4.2 % time and +2.1 to +3.4 % joules: the FMA and issue slots they take from the consumers'
-// softmax cost more than the tensor-pipe time they free.)
+// their 2 KB A operand hold the tensor pipe ~16 cycles each.
 //
 // Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
 // hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the
@@ -237,14 +236,14 @@ __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale,
     // The K tile is K-major in the 128-byte swizzle, as the consumers' Q' operand: block b's
     // descriptor starts 64 rows on, k16 step kk at fp16_k16_offset(kk, kFp16AtomBytes).
     const uint64_t a_desc = ptx::wgmma_desc_sw128(k_tile);
-    constexpr uint64_t kBlockRows = (64 * 128) >> 4;  // descriptor units
+    constexpr uint64_t kBlockOffset = (64 * 128) >> 4;  // 64 rows of 128 bytes, in descriptor units
     float d[2][4] = {};
     ptx::wgmma_fence();
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        ptx::wgmma_m64n8k16_f16_ss(d[b], a_desc + b * kBlockRows + fp16_k16_offset(kk, kFp16AtomBytes),
+        ptx::wgmma_m64n8k16_f16_ss(d[b], a_desc + b * kBlockOffset + fp16_k16_offset(kk, kFp16AtomBytes),
                                    b_desc + qbar_k16_offset(kk), kk > 0);
       }
     }

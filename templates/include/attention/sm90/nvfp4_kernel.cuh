@@ -49,8 +49,8 @@
 namespace flashinfer_h3 {
 namespace sm90 {
 
-// The register split (see fp8_kernel.cuh). The delta_mma_sync build (3 warpgroups): 168 a thread
-// at launch; the producer warpgroup keeps 96 (the delta warps: qbar fragments, three accumulation
+// The register split (see fp8_kernel.cuh). The delta_mma_sync build (3 warpgroups; not
+// production's, below): 168 a thread at launch; the producer warpgroup keeps 96 (the delta warps: qbar fragments, three accumulation
 // chains, loop state), the consumers get 200 (they use about 192: S, O and P are 160).
 constexpr uint32_t kNvfp4ProducerRegs = 96;
 constexpr uint32_t kNvfp4ConsumerRegs = 200;
@@ -65,10 +65,10 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
 constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
 constexpr uint32_t kNvfp4DeltaWgRegs = 40;
 constexpr uint32_t kNvfp4WideConsumerRegs = 216;
-constexpr uint32_t kNvfp4DeltaWgRegsRs = 72;
+constexpr uint32_t kNvfp4DeltaWgRegsNarrow = 72;  // wide_consumers=False (RS delta: its ldmatrix fragments)
 static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <=
                       (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads) &&
-                  (kNvfp4TmaRegs + kNvfp4DeltaWgRegsRs + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
+                  (kNvfp4TmaRegs + kNvfp4DeltaWgRegsNarrow + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
                       (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
               "the four warpgroups' registers must come from the launch's 128 a thread");
 
@@ -131,8 +131,8 @@ struct Nvfp4Params {
 
 // ---- producer warpgroup --------------------------------------------------------------------
 
-// kWaitSleepNs (here and in produce_delta): the suspend-time hint of the producer warpgroup's
-// waits (0: plain polling; ptx::mbarrier_wait_suspend).
+// kWaitSleepNs (here, in produce_delta_wg and produce_delta): the suspend-time hint of the
+// producer warpgroups' waits (0: plain polling; ptx::mbarrier_wait_suspend).
 // The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
 // kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
 template <uint32_t kWaitSleepNs, bool kCopyKv, class Smem>
@@ -475,8 +475,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
 // kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
-// nvfp4_smem_bytes<kKStages, kVStages>()); kWaitSleepNs: the producer warpgroup's suspend-time
-// hint.
+// nvfp4_smem_bytes<kKStages, kVStages, the delta warpgroup's builds>()); kWaitSleepNs: the producer
+// warpgroups' suspend-time hint.
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
           uint32_t kWaitSleepNs = kProducerWaitSleepNs>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
@@ -488,6 +488,8 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
   constexpr bool kWide = (kVariant & kWideConsumers) != 0;
+  static_assert((kVariant & (kDeltaWgmmaSmemA | kWideConsumers)) == 0 || kDeltaWg,
+                "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
   static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
   if (threadIdx.x == 0) {
     init_barriers<kDeltaWg>(sm);
@@ -508,7 +510,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                                                                                                      &tm_v, p);
       }
     } else if (warpgroup == 1) {
-      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsRs>();
+      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
       produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
     } else {
       ptx::setmaxnreg_inc<kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();

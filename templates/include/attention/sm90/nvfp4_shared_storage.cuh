@@ -74,7 +74,7 @@ constexpr int nvfp4_smem_bytes() {
   return static_cast<int>(sizeof(Nvfp4SharedStorage<kKDepth, kVDepth>) + (kDeltaWg ? sizeof(DeltaQbarRows) : 0)) +
          1024;
 }
-static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages>() <= 227 * 1024,
+static_assert(nvfp4_smem_bytes<kNvfp4KStages, kNvfp4VStages, true>() <= 227 * 1024,
               "Hopper allows 227 KB of shared memory per block");
 
 // Arrivals that complete each phase: `full` barriers the producer's arrive.expect_tx plus the

@@ -26,7 +26,7 @@
 //   the dynamic order measured 2-4 % slower on every preset: Nsight Compute puts it at the item
 //   boundaries, where each item start waits for the plan-table loads twice); see
 //   benchmarks/RESULTS.md. The producer hands each item index to the readers (the consumers and
-//   the NVFP4 delta warps) through shared memory (ItemSlot), published by the q_full arrival
+//   the NVFP4 delta warpgroup) through shared memory (ItemSlot), published by the q_full arrival
 //   that starts the item; an index past the end (the terminator) arrives without a Q copy and
 //   ends the CTA's loops.
 #pragma once
