@@ -128,7 +128,7 @@ def main() -> None:
     fp8_builds: list[dict[str, Any]] = []
     for spec in args.fp8_build:
         try:
-            flags: dict[str, Any] = benchtools.parse_build_flags(spec)
+            flags: dict[str, Any] = benchtools.parse_build_flags(spec, "fp8")
         except ValueError as e:
             ap.error(f"--fp8-build: {e}")
         if flags and flags not in fp8_builds:  # a repeated build would merge into one row

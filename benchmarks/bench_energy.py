@@ -122,7 +122,7 @@ def main() -> None:
     for op in ("fp8", "nvfp4"):
         for spec in getattr(args, f"{op}_build"):
             try:
-                flags = benchtools.parse_build_flags(spec)
+                flags = benchtools.parse_build_flags(spec, op)
             except ValueError as e:
                 ap.error(f"--{op}-build: {e}")
             if flags and (op, flags) not in builds:

@@ -95,7 +95,7 @@ for op in (varlen_attention_nvfp4, varlen_attention_fp8):
 # their pre-pass and kernel on the same call (built by the plain run below, outside the sanitizers).
 for spec in os.environ.get("SAN_BUILDS", "").split():
     op, _, flags = spec.partition(":")
-    ko = benchtools.kernel_only_build(op, benchtools.parse_build_flags(flags), q, k, v, bounds,
+    ko = benchtools.kernel_only_build(op, benchtools.parse_build_flags(flags, op), q, k, v, bounds,
                                       torch.empty_like(q))
     ko.prime()
     out = ko.run()

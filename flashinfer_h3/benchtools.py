@@ -204,8 +204,10 @@ def kernel_only_build(op: str, flags: dict[str, Any], q: Any, k: Any, v: Any, bo
     return KernelOnly(op, prepared, q, k, v, out, tuple(int(b) for b in bounds), HEAD_DIM**-0.5)
 
 
-def parse_build_flags(spec: str) -> dict[str, int]:
-    """``FLAG=INTEGER,...`` (a benchmark build's KernelConfig flags) as a dict."""
+def parse_build_flags(spec: str, op: str | None = None) -> dict[str, int]:
+    """``FLAG=INTEGER,...`` (a benchmark build's KernelConfig flags) as a dict; with ``op``, also
+    checked against the flags ``op``'s Hopper module takes (jit/modules.py: a misspelt or removed
+    flag would build production). Raises ValueError naming what was wrong."""
     import re
 
     flags: dict[str, int] = {}
@@ -216,6 +218,13 @@ def parse_build_flags(spec: str) -> dict[str, int]:
         if key in flags:
             raise ValueError(f"flag {key!r} given twice in {spec!r}")
         flags[key] = int(value)
+    if op is not None:
+        from .jit import KernelConfig
+
+        if op not in HOPPER_MODULES:
+            raise ValueError(f"no Hopper module for op {op!r}; expected one of "
+                             f"{', '.join(HOPPER_MODULES)}")
+        KernelConfig(HOPPER_MODULES[op][0], arch="sm_90a", flags=flags)
     return flags
 
 

@@ -42,7 +42,17 @@ class ModuleDef:
     # the mma.sync kernels and the FP8 wgmma kernel read) or "fp16" (op nvfp4 only: the values
     # s * code as FP16, the operands of the Hopper NVFP4 kernel, prepass.cuh's Fp16Outputs).
     prepass_output: str = "codes"
+    # The KernelConfig flags the module's builds take (its templates' benchmark-build switches and
+    # register_usage_level), or None: any flag, rendered as its templates see it. A name outside
+    # the tuple is refused (a misspelt or removed benchmark flag would otherwise build production
+    # and be measured against production). tests/jit/test_jit_render.py checks each tuple against
+    # the names its templates read.
+    flags: tuple[str, ...] | None = None
 
+
+#: The flags of the shared pre-pass template (quantize.cu.jinja) and of the JIT itself.
+PREPASS_FLAGS: tuple[str, ...] = ("prepass_ctas",)
+JIT_FLAGS: tuple[str, ...] = ("register_usage_level",)
 
 MODULES: dict[str, ModuleDef] = {}
 
@@ -100,6 +110,9 @@ register_module(ModuleDef(
     about="FP8 pre-pass + the Hopper FP8 kernel: warp-specialised, TMA + mbarriers, E4M3 wgmma, "
           "two consumer warpgroups in ping-pong",
     register_usage_level=8,
+    flags=PREPASS_FLAGS + JIT_FLAGS + (
+        "cluster_ctas", "dynamic_schedule", "kv_copies", "o_update", "ping_pong", "poly_exp2_every",
+        "q_in_kernel", "smem_carveout", "softmax", "stages", "tile_keys", "wait_sleep_ns"),
 ))
 register_module(ModuleDef(
     "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
@@ -109,6 +122,10 @@ register_module(ModuleDef(
           "+ mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
     register_usage_level=8,
     prepass_output="fp16",
+    flags=PREPASS_FLAGS + JIT_FLAGS + (
+        "delta", "delta_mma_sync", "delta_wgmma_regs", "dynamic_schedule", "f16_rounding",
+        "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong", "quantize_p",
+        "row_divisor", "smem_carveout", "softmax", "v_stages", "wait_sleep_ns", "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

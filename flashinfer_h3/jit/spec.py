@@ -115,6 +115,13 @@ class KernelConfig:
                 f"{', '.join(self.definition.archs)} only, not {self.arch}"
             )
         object.__setattr__(self, "flags", _freeze_flags(self.flags))
+        known = self.definition.flags
+        unknown = [name for name, _ in self.flags if known is not None and name not in known]
+        if unknown:
+            raise ValueError(
+                f"KernelConfig.flags: module {self.module!r} has no flag "
+                f"{', '.join(map(repr, unknown))}; expected among {', '.join(sorted(known or ()))}"
+            )
 
     @property
     def definition(self) -> ModuleDef:

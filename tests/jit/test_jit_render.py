@@ -294,3 +294,43 @@ def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str, m
     text = "\n".join(source for _, source in spec.sources)
     assert f"constexpr bool kPrepassWithQ = {with_q};" in text
     assert f"/*q_in_kernel=*/{mode}>;" in text
+
+
+def _flags_read_by(templates: tuple[str, ...]) -> set[str]:
+    """The flag names a module's templates read: ``flags.get("x"``, ``flags["x"]``, ``"x" in
+    flags``."""
+    import re
+
+    pattern = re.compile(r'flags(?:\.get\(\s*|\[\s*)"(\w+)"|"(\w+)"\s+in\s+flags')
+    names: set[str] = set()
+    for template in templates:
+        text = (templates_dir() / template).read_text()
+        names |= {a or b for a, b in pattern.findall(text)}
+    return names
+
+
+@pytest.mark.parametrize("module", ["fp8_wgmma", "nvfp4_wgmma"])
+def test_declared_flags_are_the_ones_the_templates_read(module: str) -> None:
+    # jit/modules.py lists the flags a Hopper module takes; a template flag missing there could
+    # not be built, a listed one no template reads would build production under another name.
+    # q_in_kernel is read by the shared pre-pass template to refuse it outside fp8_wgmma.
+    from flashinfer_h3.jit.modules import JIT_FLAGS, MODULES
+
+    definition = MODULES[module]
+    read = _flags_read_by(definition.templates) | set(JIT_FLAGS)
+    if module != "fp8_wgmma":
+        read.discard("q_in_kernel")
+    assert definition.flags is not None and set(definition.flags) == read
+    assert len(definition.flags) == len(set(definition.flags))
+
+
+@pytest.mark.parametrize(("module", "flag"), [
+    ("nvfp4_wgmma", "delta_wgmma"), ("nvfp4_wgmma", "delta_ffma"), ("nvfp4_wgmma", "q_in_kernel"),
+    ("fp8_wgmma", "delta"), ("fp8_wgmma", "tile_key"),
+])
+def test_unknown_flags_of_a_hopper_module_are_refused(module: str, flag: str) -> None:
+    # A misspelt or removed benchmark flag: refused by name before anything renders.
+    with pytest.raises(ValueError, match=rf"module '{module}' has no flag '{flag}'; expected"):
+        KernelConfig(module, arch="sm_90a", flags={flag: 1})
+    # Modules without a declared list keep taking any flag (rendered as the templates see it).
+    assert dict(KernelConfig("utils", flags={flag: 1}).flags) == {flag: 1}

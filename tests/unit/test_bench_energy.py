@@ -112,12 +112,23 @@ def test_parse_build_flags() -> None:
             benchtools.parse_build_flags(bad)
     with pytest.raises(ValueError, match="given twice"):
         benchtools.parse_build_flags("a=1,a=2")
+    # With the op, checked against its Hopper module's flags (jit/modules.py).
+    assert benchtools.parse_build_flags("delta=0,wide_consumers=0", "nvfp4") == {
+        "delta": 0, "wide_consumers": 0}
+    with pytest.raises(ValueError, match="module 'nvfp4_wgmma' has no flag 'delta_ffma'"):
+        benchtools.parse_build_flags("delta_ffma=1", "nvfp4")
+    with pytest.raises(ValueError, match="module 'fp8_wgmma' has no flag 'delta'"):
+        benchtools.parse_build_flags("delta=0", "fp8")
+    with pytest.raises(ValueError, match="no Hopper module for op 'bf16'"):
+        benchtools.parse_build_flags("delta=0", "bf16")
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--seconds", "0"], "--seconds must be > 0"),
     (["--seconds", "nan"], "--seconds must be > 0"),
     (["--fp8-build", "kv_copies"], "--fp8-build: expected FLAG=INTEGER"),
+    (["--nvfp4-build", "delta_ffma=1"],
+     "--nvfp4-build: KernelConfig.flags: module 'nvfp4_wgmma' has no flag"),
     (["--preset", "h3-11s"], "unknown preset 'h3-11s'"),
     (["--op", "int8"], "unknown op 'int8'"),
 ])
