@@ -224,7 +224,9 @@ def parse_build_flags(spec: str, op: str | None = None) -> dict[str, int]:
         if op not in HOPPER_MODULES:
             raise ValueError(f"no Hopper module for op {op!r}; expected one of "
                              f"{', '.join(HOPPER_MODULES)}")
-        KernelConfig(HOPPER_MODULES[op][0], arch="sm_90a", flags=flags)
+        from .jit.spec import module_flags
+
+        module_flags(KernelConfig(HOPPER_MODULES[op][0], arch="sm_90a", flags=flags))  # the level
     return flags
 
 

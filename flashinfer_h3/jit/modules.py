@@ -50,9 +50,11 @@ class ModuleDef:
     flags: tuple[str, ...] | None = None
 
 
+#: The KernelConfig flag that overrides a module's register_usage_level (read by jit/spec.py).
+REGISTER_USAGE_FLAG = "register_usage_level"
 #: The flags of the shared pre-pass template (quantize.cu.jinja) and of the JIT itself.
 PREPASS_FLAGS: tuple[str, ...] = ("prepass_ctas",)
-JIT_FLAGS: tuple[str, ...] = ("register_usage_level",)
+JIT_FLAGS: tuple[str, ...] = (REGISTER_USAGE_FLAG,)
 
 MODULES: dict[str, ModuleDef] = {}
 
@@ -80,6 +82,12 @@ def register_module(module: ModuleDef) -> ModuleDef:
                          f"op 'nvfp4', got {module.prepass_output!r} (op {module.op!r})")
     check_register_usage_level(module.register_usage_level,
                                f"module {module.name!r}: register_usage_level")
+    if module.flags is not None and (
+            not isinstance(module.flags, tuple)
+            or not all(isinstance(f, str) and f.isidentifier() for f in module.flags)
+            or len(set(module.flags)) != len(module.flags)):
+        raise ValueError(f"module {module.name!r}: flags must be None or a tuple of distinct "
+                         f"identifiers, got {module.flags!r}")
     MODULES[module.name] = module
     return module
 

@@ -34,7 +34,13 @@ from .env import (
     templates_dir,
     tvm_ffi_version,
 )
-from .modules import MODULES, ModuleDef, check_register_usage_level, production_modules
+from .modules import (
+    MODULES,
+    REGISTER_USAGE_FLAG,
+    ModuleDef,
+    check_register_usage_level,
+    production_modules,
+)
 from .render import render_templates
 
 #: The production modules (built by warmup and the prebuilt wheel) and every module's templates,
@@ -120,7 +126,8 @@ class KernelConfig:
         if unknown:
             raise ValueError(
                 f"KernelConfig.flags: module {self.module!r} has no flag "
-                f"{', '.join(map(repr, unknown))}; expected among {', '.join(sorted(known or ()))}"
+                f"{', '.join(map(repr, unknown))}; expected among "
+                f"{', '.join(sorted(known or ())) or '(none)'}"
             )
 
     @property
@@ -192,7 +199,6 @@ def cuda_flags(arch: str) -> list[str]:
 
 
 #: The KernelConfig flag that overrides a module's ptxas register usage level (jit/modules.py).
-REGISTER_USAGE_FLAG = "register_usage_level"
 
 
 def module_flags(config: KernelConfig) -> list[str]:

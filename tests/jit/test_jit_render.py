@@ -17,6 +17,8 @@ from flashinfer_h3.jit import (
     render_templates,
     templates_dir,
 )
+from flashinfer_h3.jit import spec as spec_module
+from flashinfer_h3.jit.modules import JIT_FLAGS, MODULES, REGISTER_USAGE_FLAG
 from flashinfer_h3.version import __version__
 
 
@@ -297,31 +299,56 @@ def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str, m
 
 
 def _flags_read_by(templates: tuple[str, ...]) -> set[str]:
-    """The flag names a module's templates read: ``flags.get("x"``, ``flags["x"]``, ``"x" in
-    flags``."""
-    import re
+    """The flag names a module's templates read, from their Jinja syntax trees: ``flags.get("x",
+    ...)``, ``flags["x"]``, ``"x" in flags`` / ``not in``. Any other use of ``flags`` (an attribute,
+    ``.items()``, an alias, a computed key) fails the test: its names could not be listed."""
+    import jinja2
+    from jinja2 import nodes
 
-    pattern = re.compile(r'flags(?:\.get\(\s*|\[\s*)"(\w+)"|"(\w+)"\s+in\s+flags')
     names: set[str] = set()
+    env = jinja2.Environment()
     for template in templates:
-        text = (templates_dir() / template).read_text()
-        names |= {a or b for a, b in pattern.findall(text)}
+        tree = env.parse((templates_dir() / template).read_text())
+        understood: set[int] = set()
+        for node in tree.find_all((nodes.Call, nodes.Getitem, nodes.Compare)):
+            if (isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr)
+                    and isinstance(node.node.node, nodes.Name) and node.node.node.name == "flags"
+                    and node.node.attr == "get" and node.args
+                    and isinstance(node.args[0], nodes.Const)):
+                names.add(node.args[0].value)
+                understood.add(id(node.node.node))
+            elif (isinstance(node, nodes.Getitem) and isinstance(node.node, nodes.Name)
+                  and node.node.name == "flags" and isinstance(node.arg, nodes.Const)):
+                names.add(node.arg.value)
+                understood.add(id(node.node))
+            elif (isinstance(node, nodes.Compare) and isinstance(node.expr, nodes.Const)
+                  and len(node.ops) == 1 and node.ops[0].op in ("in", "notin")
+                  and isinstance(node.ops[0].expr, nodes.Name)
+                  and node.ops[0].expr.name == "flags"):
+                names.add(node.expr.value)
+                understood.add(id(node.ops[0].expr))
+        other = [n.lineno for n in tree.find_all(nodes.Name)
+                 if n.name == "flags" and id(n) not in understood]
+        assert not other, f"{template}: flags used in a way the list cannot follow (lines {other})"
     return names
 
 
-@pytest.mark.parametrize("module", ["fp8_wgmma", "nvfp4_wgmma"])
+@pytest.mark.parametrize("module", [n for n, m in MODULES.items() if m.flags is not None])
 def test_declared_flags_are_the_ones_the_templates_read(module: str) -> None:
-    # jit/modules.py lists the flags a Hopper module takes; a template flag missing there could
-    # not be built, a listed one no template reads would build production under another name.
+    # jit/modules.py lists the flags a module takes; a template flag missing there could not be
+    # built, a listed one no template reads would build production under another name.
     # q_in_kernel is read by the shared pre-pass template to refuse it outside fp8_wgmma.
-    from flashinfer_h3.jit.modules import JIT_FLAGS, MODULES
-
     definition = MODULES[module]
     read = _flags_read_by(definition.templates) | set(JIT_FLAGS)
     if module != "fp8_wgmma":
         read.discard("q_in_kernel")
     assert definition.flags is not None and set(definition.flags) == read
-    assert len(definition.flags) == len(set(definition.flags))
+    assert REGISTER_USAGE_FLAG in JIT_FLAGS
+    assert spec_module.REGISTER_USAGE_FLAG == REGISTER_USAGE_FLAG
+
+
+def test_the_hopper_modules_declare_their_flags() -> None:
+    assert {n for n, m in MODULES.items() if m.flags is not None} >= {"fp8_wgmma", "nvfp4_wgmma"}
 
 
 @pytest.mark.parametrize(("module", "flag"), [

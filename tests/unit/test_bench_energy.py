@@ -119,6 +119,8 @@ def test_parse_build_flags() -> None:
         benchtools.parse_build_flags("delta_ffma=1", "nvfp4")
     with pytest.raises(ValueError, match="module 'fp8_wgmma' has no flag 'delta'"):
         benchtools.parse_build_flags("delta=0", "fp8")
+    with pytest.raises(ValueError, match="register_usage_level"):
+        benchtools.parse_build_flags("register_usage_level=11", "fp8")
     with pytest.raises(ValueError, match="no Hopper module for op 'bf16'"):
         benchtools.parse_build_flags("delta=0", "bf16")
 
@@ -137,3 +139,23 @@ def test_bench_energy_options(argv: list[str], message: str) -> None:
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_every_variant_of_bench_wgmma_variants_is_a_valid_build() -> None:
+    # Its builds are made on the device, after the inputs: a misspelt flag there would cost a
+    # device call, so each row's flags are checked against its module's here (jit/modules.py).
+    pytest.importorskip("torch")
+    import importlib.util
+
+    from flashinfer_h3.jit import KernelConfig
+
+    path = ROOT / "benchmarks" / "bench_wgmma_variants.py"
+    spec = importlib.util.spec_from_file_location("bench_wgmma_variants", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.VARIANTS) == set(benchtools.HOPPER_MODULES)
+    for op, rows in module.VARIANTS.items():
+        for name, flags in rows.items():
+            config = KernelConfig(benchtools.HOPPER_MODULES[op][0], arch="sm_90a", flags=flags)
+            assert dict(config.flags) == flags, name
