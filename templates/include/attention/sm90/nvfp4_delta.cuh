@@ -116,6 +116,18 @@ __device__ __forceinline__ QbarOperand load_qbar_operand(const float* __restrict
   return op;
 }
 
+// delta[pos] of a tile: `value` where position pos holds a key of the segment (fewer than
+// `valid` from the tile's first), else -inf (the mask).
+__device__ __forceinline__ float masked_delta(float value, int pos, int valid) {
+  return tile_key_at(pos) < valid ? value : -INFINITY;
+}
+
+// The shared-memory address of 16-byte chunk `chunk` (channels 8 chunk .. + 7) of K tile row
+// `row`: two 64-channel atoms of 128-byte rows, chunk c of a row at c ^ (row % 8) (the swizzle).
+__device__ __forceinline__ uint32_t k_chunk_addr(uint32_t k_base, int row, int chunk) {
+  return k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7));
+}
+
 constexpr int kDeltaMaxBlocks = (kTileKeys / 16 + kDeltaWarps - 1) / kDeltaWarps;  // m16 blocks a warp
 
 // delta of the m16 blocks first, first + 3, ... of the K tile at `k_tile` (two 64-channel atoms
@@ -139,7 +151,7 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
       if (m < kTileKeys / 16) {  // warp-uniform
         const int row = 16 * m + row_in_block;
         uint32_t a[4];
-        ptx::ldmatrix_x4(a, k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
+        ptx::ldmatrix_x4(a, k_chunk_addr(k_base, row, chunk));
         ptx::mma_m16n8k16_f16(acc[i], a, qb.b0[kk], qb.b1[kk]);
       }
     }
@@ -154,8 +166,7 @@ __device__ __forceinline__ void tile_delta(const QbarOperand& qb, const uint8_t*
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int pos = 16 * m + g + 8 * r;
-          const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
-          delta[pos] = key < valid ? (acc[i][2 * r] + acc[i][2 * r + 1]) * qb.unscale : -INFINITY;
+          delta[pos] = masked_delta((acc[i][2 * r] + acc[i][2 * r + 1]) * qb.unscale, pos, valid);
         }
       }
     }
@@ -218,8 +229,7 @@ __device__ __forceinline__ void store_block_delta(const float (&d)[4], int b, fl
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int pos = 64 * b + 16 * warp + (lane >> 2) + 8 * r;
-      const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
-      delta[pos] = key < valid ? (d[2 * r] + d[2 * r + 1]) * unscale : -INFINITY;
+      delta[pos] = masked_delta((d[2 * r] + d[2 * r + 1]) * unscale, pos, valid);
     }
   }
 }
@@ -264,7 +274,7 @@ __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale,
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const int chunk = 2 * kk + half;
-        ptx::ldmatrix_x4(a[kk], k_base + (chunk >> 3) * kFp16AtomBytes + row * 128 + 16 * ((chunk & 7) ^ (row & 7)));
+        ptx::ldmatrix_x4(a[kk], k_chunk_addr(k_base, row, chunk));
       }
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       ptx::wgmma_fence();
@@ -286,16 +296,14 @@ __device__ __forceinline__ void tile_delta_mask(float* delta, int valid, int fir
   for (int m = first; m < kTileKeys / 16; m += kDeltaWarps) {
     if (lane < 16) {
       const int pos = 16 * m + lane;
-      const int key = (pos & ~(kKeyWindow - 1)) + window_key_at(pos & (kKeyWindow - 1));
-      delta[pos] = key < valid ? 0.0f : -INFINITY;
+      delta[pos] = masked_delta(0.0f, pos, valid);
     }
   }
 }
 
 // The same for the delta warpgroup (128 threads): thread tid writes position tid.
 __device__ __forceinline__ void tile_delta_mask_wg(float* delta, int valid, int tid) {
-  const int key = (tid & ~(kKeyWindow - 1)) + window_key_at(tid & (kKeyWindow - 1));
-  delta[tid] = key < valid ? 0.0f : -INFINITY;
+  delta[tid] = masked_delta(0.0f, tid, valid);
 }
 
 }  // namespace sm90

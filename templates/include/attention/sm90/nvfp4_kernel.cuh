@@ -204,37 +204,55 @@ __device__ __forceinline__ bool take_item(Smem& sm, const PlanTables& plan, uint
   return true;
 }
 
-// A delta warp of the delta_mma_sync benchmark build (warps 1..3 of the producer warpgroup): per
-// item its qbar operand, per K tile its m16 blocks of delta into sm.delta[stage].
-// In the dynamic order they take each item from the producer's slot after its q_full arrival.
-template <int kVariant, uint32_t kWaitSleepNs, class Smem>
-__device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
+// The item and tile loop of both delta forms (a delta warp, or a thread of the delta warpgroup):
+// for each item this reader takes (in the dynamic order the producer's, after its q_full
+// arrival), on_item(qbar of the item's (block, head)); then for each of its K tiles, once the
+// tile is in and the consumers loaded the slot's last delta, on_tile(stage, the segment's keys
+// left from the tile's first). Each warp then releases the tile after its own reads (ldmatrix,
+// or the wait for its wgmmas' completion: __syncwarp, then lane 0; the warpgroup-wide wgmma
+// completion would order the ldmatrix reads too, but racecheck cannot see that), and each
+// thread publishes its own delta writes.
+template <int kVariant, uint32_t kWaitSleepNs, class Smem, class OnItem, class OnTile>
+__device__ __forceinline__ void delta_tile_loop(Smem& sm, const Nvfp4Params& p, int lane, OnItem&& on_item,
+                                                OnTile&& on_tile) {
   constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
   RingSlot slot;
-  uint32_t* parts = sm.qbar_parts[delta_warp];
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
     if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
     if constexpr (!kDynamic) w += gridDim.x;
     // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
-    const QbarOperand qb = load_qbar_operand(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, parts, lane);
+    on_item(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim);
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     for (int t = 0; t < tiles; ++t, ++slot.index) {
       const int st = slot.stage<Smem::kKStages>();
       const uint32_t parity = slot.parity<Smem::kKStages>();
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);  // the consumers loaded its last delta
-      if constexpr ((kVariant & kComputeDelta) != 0) {
-        tile_delta(qb, sm.k[st][0], sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
-      } else {
-        tile_delta_mask(sm.delta[st], it.seg_len - t * kTileKeys, delta_warp, lane);
-      }
-      __syncwarp();  // every lane's ldmatrix of the tile is done before lane 0 releases it
+      on_tile(st, it.seg_len - t * kTileKeys);
+      __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
-      ptx::mbarrier_arrive(&sm.delta_full[st]);  // each lane publishes its own delta writes
+      ptx::mbarrier_arrive(&sm.delta_full[st]);
     }
   }
+}
+
+// A delta warp of the delta_mma_sync benchmark build (warps 1..3 of the producer warpgroup): per
+// item its qbar operand, per K tile its m16 blocks of delta into sm.delta[stage].
+template <int kVariant, uint32_t kWaitSleepNs, class Smem>
+__device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, int delta_warp, int lane) {
+  uint32_t* parts = sm.qbar_parts[delta_warp];
+  QbarOperand qb;
+  delta_tile_loop<kVariant, kWaitSleepNs>(
+      sm, p, lane, [&](const float* qbar) { qb = load_qbar_operand(qbar, parts, lane); },
+      [&](int st, int valid) {
+        if constexpr ((kVariant & kComputeDelta) != 0) {
+          tile_delta(qb, sm.k[st][0], sm.delta[st], valid, delta_warp, lane);
+        } else {
+          tile_delta_mask(sm.delta[st], valid, delta_warp, lane);
+        }
+      });
 }
 
 // The delta warpgroup (warpgroup 1 of the kDeltaOnWgmma builds, production; tid = its thread
@@ -242,43 +260,26 @@ __device__ __forceinline__ void produce_delta(Smem& sm, const Nvfp4Params& p, in
 // without kComputeDelta (benchmark builds) only the mask, thread tid writing position tid.
 template <int kVariant, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p, int tid) {
-  constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0;
   constexpr bool kProducts = (kVariant & kComputeDelta) != 0;
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* rows = delta_qbar_rows(sm).atoms[0];
   const uint64_t b_desc = ptx::wgmma_desc_sw128(rows);
   if constexpr (kProducts) zero_qbar_rows(rows, tid);
-  RingSlot slot;
-  for (int w = blockIdx.x, items = 0;; ++items) {
-    WorkItem it;
-    if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
-    if constexpr (!kDynamic) w += gridDim.x;
-    const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
-    // The last tile's wgmmas completed (tile_delta_wgmma waits): the rows may be rewritten.
-    float unscale = 0.0f;
-    if constexpr (kProducts) {
-      unscale = write_qbar_rows(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, rows, warp, lane);
-    }
-    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    for (int t = 0; t < tiles; ++t, ++slot.index) {
-      const int st = slot.stage<Smem::kKStages>();
-      const uint32_t parity = slot.parity<Smem::kKStages>();
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_full[st], parity);
-      ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.delta_empty[st], parity ^ 1u);
-      if constexpr (kProducts) {
-        tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st],
-                                                              it.seg_len - t * kTileKeys, warp, lane);
-      } else {
-        tile_delta_mask_wg(sm.delta[st], it.seg_len - t * kTileKeys, tid);
-      }
-      // Each warp releases the tile after its own reads (ldmatrix, or its wait for the SS wgmmas'
-      // completion; as the delta warps do): the warpgroup-wide wgmma completion would order the
-      // ldmatrix reads too, but racecheck cannot see that.
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&sm.k_empty[st]);
-      ptx::mbarrier_arrive(&sm.delta_full[st]);  // each thread publishes its own writes
-    }
-  }
+  float unscale = 0.0f;
+  delta_tile_loop<kVariant, kWaitSleepNs>(
+      sm, p, lane,
+      [&](const float* qbar) {
+        // The last tile's wgmmas completed (tile_delta_wgmma waits): the rows may be rewritten.
+        if constexpr (kProducts) unscale = write_qbar_rows(qbar, rows, warp, lane);
+      },
+      [&](int st, int valid) {
+        if constexpr (kProducts) {
+          tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st], valid,
+                                                                warp, lane);
+        } else {
+          tile_delta_mask_wg(sm.delta[st], valid, tid);
+        }
+      });
 }
 
 // ---- consumers ---------------------------------------------------------------------------------
@@ -286,9 +287,7 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
 // Byte offset of k16 step k inside a tile of two 64-element atoms, in descriptor units (>> 4):
 // a compile-time constant added to the tile's descriptor (its start-address field has room: the
 // whole of shared memory is below 2^18 bytes), so no descriptor is built between two wgmmas.
-__host__ __device__ constexpr uint64_t k16_step_offset(int k) {
-  return static_cast<uint64_t>((k / 4) * kFp16AtomBytes + 32 * (k % 4)) >> 4;
-}
+__host__ __device__ constexpr uint64_t k16_step_offset(int k) { return fp16_k16_offset(k, kFp16AtomBytes); }
 
 // S = delta + Q' K'^T: eight k16 steps, two per 32 bytes of each atom's rows; S holds delta.
 // q_desc: the descriptor of this consumer's rows of Q atom 0 (atom 1 is kFp16AtomBytes on).

@@ -17,6 +17,12 @@ constexpr int kKeyWindow = 64;
 // The key (within its window) that window position p holds.
 __host__ __device__ constexpr int window_key_at(int p) { return 16 * ((p >> 1) & 3) + 2 * (p >> 3) + (p & 1); }
 
+// The key that position p of a tile (a whole number of windows) holds, counted from the tile's
+// first key.
+__host__ __device__ constexpr int tile_key_at(int p) {
+  return (p & ~(kKeyWindow - 1)) + window_key_at(p & (kKeyWindow - 1));
+}
+
 // The window position of key k (the inverse).
 __host__ __device__ constexpr int window_position_of(int k) { return 8 * ((k >> 1) & 7) + 2 * (k >> 4) + (k & 1); }
 
