@@ -13,9 +13,7 @@ kernel's, instead of a div.rn each), ``delta_mma_sync=True`` (the delta products
 warps 1-3 of the producer warpgroup, production until 2026-12-06, instead of a warpgroup's wgmma),
 ``delta_wgmma_regs=True`` (that warpgroup's wgmma with the K rows in registers through ldmatrix
 instead of read from shared memory), ``wide_consumers=False`` (the consumers at 200 registers and
-the delta warpgroup at 72 instead of 216 and 40), ``consumer_regs=224`` (the consumers at 224, the
-TMA and delta warpgroups at 32: the TMA thread's tile loop rolled, the delta's two m64 blocks one
-after the other), ``kv_copies=False`` (as FP8's, below),
+the delta warpgroup at 72 instead of 216 and 40), ``kv_copies=False`` (as FP8's, below),
 ``k_stages`` / ``v_stages`` (the K and V ring depths). FP8 builds: ``tile_keys`` (256, production,
 or 128 keys a KV tile), ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA
 pipe; production 64, 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only:
@@ -90,9 +88,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             {"delta_wgmma_regs": True},
         "consumers at 200 registers, the delta warpgroup at 72 (production until 2026-12-06)":
             {"wide_consumers": False},
-        "consumers at 224 registers, the TMA and delta warpgroups at 32": {"consumer_regs": 224},
-        "consumers at 224 registers, ptxas register usage level 5":
-            {"consumer_regs": 224, "register_usage_level": 5},
         "benchmark build: P not quantised": {"quantize_p": False},
         "benchmark build: no delta products": {"delta": False},
         "benchmark build: no softmax (S packed as P)": {"softmax": False},

@@ -131,10 +131,9 @@ register_module(ModuleDef(
     register_usage_level=8,
     prepass_output="fp16",
     flags=PREPASS_FLAGS + JIT_FLAGS + (
-        "consumer_regs", "delta", "delta_mma_sync", "delta_wgmma_regs", "dynamic_schedule",
-        "f16_rounding", "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong",
-        "quantize_p", "row_divisor", "smem_carveout", "softmax", "v_stages", "wait_sleep_ns",
-        "wide_consumers"),
+        "delta", "delta_mma_sync", "delta_wgmma_regs", "dynamic_schedule", "f16_rounding",
+        "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong", "quantize_p",
+        "row_divisor", "smem_carveout", "softmax", "v_stages", "wait_sleep_ns", "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

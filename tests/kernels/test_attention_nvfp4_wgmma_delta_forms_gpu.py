@@ -3,8 +3,7 @@
 production until 2026-12-06), ``delta_wgmma_regs=True`` (the delta warpgroup's wgmma m64n8k16 with
 A in registers through ldmatrix instead of read from shared memory), and production's delta
 warpgroup in the static item order (``dynamic_schedule=False``) and with the consumers at 200
-registers (``wide_consumers=False``, production until 2026-12-06) or at 224 with the TMA and delta
-warpgroups at 32 (``consumer_regs=224``); sm_90a only.
+registers (``wide_consumers=False``, production until 2026-12-06); sm_90a only.
 
 The builds are not production, but their output is attention and is measured against production
 (benchmarks/bench_wgmma_variants.py, bench_energy.py), so it must be right first: this file reruns
@@ -55,8 +54,7 @@ def _build(flags: dict[str, Any]) -> Any:
     {"delta_wgmma_regs": True},
     {"dynamic_schedule": False},
     {"wide_consumers": False},
-    {"consumer_regs": 224},
-], ids=["mma_sync", "wgmma_regs", "static", "narrow", "lean"])
+], ids=["mma_sync", "wgmma_regs", "static", "narrow"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 

@@ -239,7 +239,7 @@ __device__ __forceinline__ void store_block_delta(const float (&d)[4], int b, fl
 // wgmmas completed (the tile may then be released). kSmemA: A through a descriptor of block b's
 // 64 rows of the tile (SS, both blocks in one commit group); otherwise each warp's 16 rows by
 // ldmatrix.x4, one block at a time (RS: one block's 32 A registers fit the warpgroup's 72).
-template <bool kSmemA, bool kOneBlockAtATime = false>
+template <bool kSmemA>
 __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale, const uint8_t* k_tile, float* delta,
                                                  int valid, int warp, int lane) {
   if constexpr (kSmemA) {
@@ -247,24 +247,6 @@ __device__ __forceinline__ void tile_delta_wgmma(uint64_t b_desc, float unscale,
     // descriptor starts 64 rows on, k16 step kk at fp16_k16_offset(kk, kFp16AtomBytes).
     const uint64_t a_desc = ptx::wgmma_desc_sw128(k_tile);
     constexpr uint64_t kBlockOffset = (64 * 128) >> 4;  // 64 rows of 128 bytes, in descriptor units
-    if constexpr (kOneBlockAtATime) {
-      // 4 accumulators live instead of 8 (the 32-register delta warpgroup of consumer_regs=224).
-#pragma unroll 1
-      for (int b = 0; b < 2; ++b) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          ptx::wgmma_m64n8k16_f16_ss(d, a_desc + b * kBlockOffset + fp16_k16_offset(kk, kFp16AtomBytes),
-                                     b_desc + qbar_k16_offset(kk), kk > 0);
-        }
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(d);
-        store_block_delta(d, b, unscale, delta, valid, warp, lane);
-      }
-      return;
-    }
     float d[2][4] = {};
     ptx::wgmma_fence();
 #pragma unroll

@@ -66,12 +66,6 @@ constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops 
 constexpr uint32_t kNvfp4DeltaWgRegs = 40;
 constexpr uint32_t kNvfp4WideConsumerRegs = 216;
 constexpr uint32_t kNvfp4DeltaWgRegsNarrow = 72;  // wide_consumers=False (RS delta: its ldmatrix fragments)
-// Benchmark build consumer_regs=224 (kLeanProducers): the TMA and delta warpgroups at 32 each.
-constexpr uint32_t kNvfp4LeanProducerRegs = 32;
-constexpr uint32_t kNvfp4WidestConsumerRegs = 224;
-static_assert((2 * kNvfp4LeanProducerRegs + kNvfp4WidestConsumerRegs * kConsumers) * kWarpgroupThreads <=
-                  (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads),
-              "the lean split's registers must come from the launch's 128 a thread");
 static_assert((kNvfp4TmaRegs + kNvfp4DeltaWgRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <=
                       (65536 / (4 * kWarpgroupThreads)) * (4 * kWarpgroupThreads) &&
                   (kNvfp4TmaRegs + kNvfp4DeltaWgRegsNarrow + kNvfp4ConsumerRegs * kConsumers) * kWarpgroupThreads <=
@@ -110,9 +104,6 @@ enum Nvfp4Variant : int {
   // With kDeltaWgmmaSmemA: the delta warpgroup at 40 registers, the consumers at 216. Off
   // (benchmark build wide_consumers=False, production until 2026-12-06): 72 and 200.
   kWideConsumers = 4096,
-  // Not in production (benchmark build consumer_regs=224): with kWideConsumers, the TMA and delta
-  // warpgroups at 32 registers (both then spill a little) and the consumers at 224.
-  kLeanProducers = 8192,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -144,15 +135,14 @@ struct Nvfp4Params {
 // producer warpgroups' waits (0: plain polling; ptx::mbarrier_wait_suspend).
 // The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
 // kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
-// kRolled (the 32-register TMA warpgroup of consumer_regs=224): the tile loop kept rolled, which
-// it needs to fit without spilling; production lets the compiler unroll it.
-template <uint32_t kWaitSleepNs, bool kCopyKv, bool kRolled, class Smem>
+template <uint32_t kWaitSleepNs, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
   ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
   ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
-  const auto copy_tile = [&](int t) {
+  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  for (int t = 0; t < tiles; ++t, ++slot.index) {
     const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
     const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
@@ -160,7 +150,7 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
       ptx::mbarrier_arrive(&sm.k_full[ks]);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
       ptx::mbarrier_arrive(&sm.v_full[vs]);
-      return;
+      continue;
     }
     ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
     ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
@@ -169,19 +159,12 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
     ptx::mbarrier_arrive_expect_tx(&sm.v_full[vs], kFp16TileBytes);
     ptx::tma_load_3d(sm.v[vs][0], tm_v, &sm.v_full[vs], pos, 0, it.head);
     ptx::tma_load_3d(sm.v[vs][1], tm_v, &sm.v_full[vs], pos + 64, 0, it.head);
-  };
-  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-  if constexpr (kRolled) {
-#pragma unroll 1
-    for (int t = 0; t < tiles; ++t, ++slot.index) copy_tile(t);
-  } else {
-    for (int t = 0; t < tiles; ++t, ++slot.index) copy_tile(t);
   }
 }
 
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer.
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kRolled, class Smem>
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
@@ -190,7 +173,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
     for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, kCopyKv, kRolled>(sm, tm_q, tm_k, tm_v, it, slot);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, it, slot);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -201,7 +184,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
-      produce_item<kWaitSleepNs, kCopyKv, kRolled>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
   }
@@ -291,8 +274,8 @@ __device__ __forceinline__ void produce_delta_wg(Smem& sm, const Nvfp4Params& p,
       },
       [&](int st, int valid) {
         if constexpr (kProducts) {
-          tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0, (kVariant & kLeanProducers) != 0>(
-              b_desc, unscale, sm.k[st][0], sm.delta[st], valid, warp, lane);
+          tile_delta_wgmma<(kVariant & kDeltaWgmmaSmemA) != 0>(b_desc, unscale, sm.k[st][0], sm.delta[st], valid,
+                                                                warp, lane);
         } else {
           tile_delta_mask_wg(sm.delta[st], valid, tid);
         }
@@ -504,8 +487,6 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
   constexpr bool kWide = (kVariant & kWideConsumers) != 0;
-  constexpr bool kLean = (kVariant & kLeanProducers) != 0;
-  static_assert(!kLean || kWide, "consumer_regs=224: with wide_consumers only");
   static_assert((kVariant & (kDeltaWgmmaSmemA | kWideConsumers)) == 0 || kDeltaWg,
                 "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
   static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
@@ -522,16 +503,16 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   __syncthreads();
   if constexpr (kDeltaWg) {
     if (warpgroup == 0) {
-      ptx::setmaxnreg_dec<kLean ? kNvfp4LeanProducerRegs : kNvfp4TmaRegs>();
+      ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0, kLean>(
-            sm, &tm_q, &tm_k, &tm_v, p);
+        produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k,
+                                                                                                     &tm_v, p);
       }
     } else if (warpgroup == 1) {
-      ptx::setmaxnreg_dec<kLean ? kNvfp4LeanProducerRegs : kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
+      ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
       produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
     } else {
-      ptx::setmaxnreg_inc<kLean ? kNvfp4WidestConsumerRegs : kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();
+      ptx::setmaxnreg_inc<kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();
       consume<kVariant>(sm, p, warpgroup - 2);
     }
     return;
@@ -539,8 +520,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0, false>(sm, &tm_q,
-                                                                                                          &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }
