@@ -47,6 +47,7 @@ them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,7 @@ from flashinfer_h3.benchtools import (
     GpuSampler,
     KernelOnly,
     bench_shapes,
+    rotated,
     sampled_oracle,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
@@ -130,13 +132,13 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 def timed_with_clocks(
-    fn: Callable[[], Any], iters: int
+    fn: Callable[[], Any], iters: int, warmup_ms: float
 ) -> tuple[float, float | None, float | None]:
     """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
     clock (MHz) and board power (W) sampled meanwhile (else None; benchtools.GpuSampler): the H200
     runs these kernels at its 700 W cap, so a build's clock is part of its time."""
     with GpuSampler(torch.cuda.current_device()) as sampler:
-        ms = _time_cuda(fn, iters, warmup=1)
+        ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms)
     if sampler.state is None:
         return ms, None, None
     return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
@@ -150,12 +152,14 @@ def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, An
 
 def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
         only: str | None, extra: list[tuple[str, Path]], oracle: bool = False,
-        bias: float = 0.0) -> None:
+        bias: float = 0.0, warmup_ms: float = 1000.0) -> None:
     """Times every selected build of ``op`` on one input: ``rounds`` rounds, each timing every
-    build once (``iters`` calls) in turn, so that a slow drift of the clock under the power cap
-    falls on all builds alike; prints the median over the rounds. ``oracle``: also each build's
-    relative L2 against the FP32 oracle on sampled rows (benchtools.sampled_oracle); ``bias``:
-    q and k get a per-channel bias of ``bias`` N(0, 1) (SPEC 5's real-model-like inputs)."""
+    build once (``iters`` calls after ``warmup_ms`` of untimed ones) in turn, round r from build
+    r on, so that a slow drift of the clock under the power cap falls on all builds alike and
+    none inherits the same predecessor's clock every time; prints the median over the rounds.
+    ``oracle``: also each build's relative L2 against the FP32 oracle on sampled rows
+    (benchtools.sampled_oracle); ``bias``: q and k get a per-channel bias of ``bias`` N(0, 1)
+    (SPEC 5's real-model-like inputs)."""
     tokens = sum(lengths)
     bounds = tuple(int(x) for x in torch.tensor((0, *lengths)).cumsum(0).tolist())
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -214,9 +218,9 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         rel = ((result.float() - production.float()).norm() / production.float().norm()).item()
         builds.append(("production, striding item order", ko, f", rel L2 vs production {rel:.2e}"))
     times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in builds]
-    for _ in range(rounds):
-        for i, (_, ko, _) in enumerate(builds):
-            times[i].append(timed_with_clocks(ko.run, iters))
+    for r in range(rounds):
+        for i in rotated(len(builds), r):  # no build always right after the same one
+            times[i].append(timed_with_clocks(builds[i][1].run, iters, warmup_ms))
     for (name, _, diff), measured in zip(builds, times, strict=True):
         ms = statistics.median(t for t, _, _ in measured)
         spread = (max(t for t, _, _ in measured) - min(t for t, _, _ in measured)) / ms
@@ -238,6 +242,9 @@ def main() -> None:
                     help="an extra shape, e.g. 30720*4:56 (four 30,720-token segments, 56 heads) "
                     "or 30720,15360:56; repeatable")
     ap.add_argument("--iters", type=int, default=5, help="timed calls per build and round")
+    ap.add_argument("--warmup-ms", type=float, default=1000.0,
+                    help="untimed calls of each build for this long before its timed ones (its "
+                    "clock under the power cap settles; the bench command's --warmup-ms)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds; each times every build in turn, the median over them is reported")
     ap.add_argument("--so", action="append", default=[], metavar="OP=PATH",
@@ -254,6 +261,8 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true",
                     help="compile the selected builds into the JIT cache and exit (no GPU needed)")
     args = ap.parse_args()
+    if not math.isfinite(args.warmup_ms) or args.warmup_ms < 0:
+        ap.error(f"--warmup-ms: expected a finite number >= 0, got {args.warmup_ms}")
     ops = args.op.split(",")
     for op in ops:
         if op not in MODULES:
@@ -277,7 +286,7 @@ def main() -> None:
     for name, lengths_, heads in shapes:
         for op in ops:
             run(op, name, lengths_, heads, args.iters, args.rounds, args.only, extra,
-                args.oracle, args.bias)
+                args.oracle, args.bias, args.warmup_ms)
 
 
 if __name__ == "__main__":

@@ -429,13 +429,22 @@ def attention_flops(lengths: Sequence[int], heads: int) -> float:
     return 4.0 * sum(length * length for length in lengths) * heads * HEAD_DIM
 
 
-def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs, each bracketed by CUDA events."""
+def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs, each bracketed by CUDA events, after
+    ``warmup`` untimed runs and then more until ``warmup_ms`` of wall time has passed.
+
+    Why a warm-up in time: these kernels run at the GPU's power cap, where the SM clock follows
+    the board's power with a lag of a few hundred ms; a row timed right after a hungrier one
+    starts at that one's clock (an identical build measured 1-3.5 % slower when timed first in a
+    round, benchmarks/RESULTS.md, twenty-sixth session)."""
     import torch
 
-    for _ in range(warmup):
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -448,7 +457,8 @@ def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> float:
     return times[len(times) // 2]
 
 
-def _timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, Any]:
+def _timed(fn: Callable[[], Any], iters: int, warmup: int,
+           warmup_ms: float = 0.0) -> tuple[float, Any]:
     """``_time_cuda`` with the GPU's clock, power and temperature sampled meanwhile
     (benchtools.GpuState, None without nvidia-smi)."""
     import torch
@@ -457,7 +467,7 @@ def _timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, Any]:
 
     index = torch.cuda.current_device() if torch.cuda.is_available() else 0
     with benchtools.GpuSampler(index) as sampler:
-        ms = _time_cuda(fn, iters, warmup)
+        ms = _time_cuda(fn, iters, warmup, warmup_ms)
     return ms, sampler.state
 
 
@@ -482,6 +492,13 @@ def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -662,7 +679,8 @@ def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     _print(
         f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
         f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
-        f"after {args.warmup} warm-up{benchtools.rounds_note(args.rounds)}, whole call "
+        f"after {args.warmup} warm-up (and {args.warmup_ms:g} ms of them)"
+        f"{benchtools.rounds_note(args.rounds)}, whole call "
         f"({KERNEL_ONLY_NOTE}); accuracy: relative L2 vs the FP32 oracle on up to "
         f"{benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
     )
@@ -732,7 +750,7 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
             result = m.run()  # one untimed call: the accuracy column
             rel = oracle.rel_l2(m.to_packed(result))
             extra = m.check(result) if m.check is not None else {}
-            ms, state = _timed(m.run, args.iters, args.warmup)
+            ms, state = _timed(m.run, args.iters, args.warmup, args.warmup_ms)
             row = _bench_result(m.label, ms, flops, rel)
             note = "" if extra.get("matches_whole_call", True) else (
                 " (WARNING: its output differs from the whole call's)")
@@ -750,13 +768,15 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
         results.append(row)
     # Further rounds time every row again in turn, so that the GPU's warming and its clock under
     # the power cap fall on every implementation alike; a row's time is its rounds' median.
+    # Round r starts at row r (mod the rows): no row always follows the same one.
     for r in range(1, args.rounds):
-        for m, row, times, seen in zip(rows, results, timings, states, strict=True):
+        for i in benchtools.rotated(len(rows), r):
+            m, row, times, seen = rows[i], results[i], timings[i], states[i]
             if row["ms"] is None:
                 continue
             if m.prime is not None:
                 m.prime()  # another row's call may have reused the workspace
-            ms, state = _timed(m.run, args.iters, args.warmup)
+            ms, state = _timed(m.run, args.iters, args.warmup, args.warmup_ms)
             times.append(ms)
             seen.append(state)
             _print(f"  round {r + 1}/{args.rounds} {preset_name} {m.label}: {ms:.3f} ms"
@@ -824,6 +844,7 @@ def _write_outputs(args: argparse.Namespace, device: str, runs: list[dict[str, A
         "versions": _versions(),
         "iters": args.iters,
         "warmup": args.warmup,
+        "warmup_ms": args.warmup_ms,
         "rounds": args.rounds,
         "seed": args.seed,
         "runs": runs,
@@ -851,8 +872,9 @@ BENCH_EPILOG = """presets:
 """ + "\n".join(f"  {name:11s} {preset.about}" for name, preset in PRESETS.items()) + """
 
 Each measurement is the median of --iters timed calls (CUDA events, whole call) after --warmup
-untimed ones (with --rounds N, every row of a preset is timed again in turn N - 1 times and
-reports its rounds' median; the SM clock, power and temperature nvidia-smi sampled meanwhile go
+untimed ones and as many more as fill --warmup-ms (with --rounds N, every row of a preset is
+timed again in turn N - 1 times, each round starting at another row, and reports its rounds'
+median; the SM clock, power and temperature nvidia-smi sampled meanwhile go
 into the JSON's "gpu" field), with the relative L2 error against the FP32 oracle on sampled
 rows. A kernel backend gets a second row, "kernel only (no pre-pass)": its attention kernel
 alone, timed after one whole call has left that input's quantized operands in the workspace;
@@ -906,6 +928,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--warmup", type=_non_negative_int, default=2,
                    help="untimed calls before timing, >= 0 (default: %(default)s)")
+    p.add_argument("--warmup-ms", type=_non_negative_float, default=1000.0,
+                   help="then more untimed calls until this many milliseconds have passed, so "
+                   "that each row is timed at its own clock under the power cap rather than at "
+                   "the previous row's (default: %(default)s)")
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="rounds, >= 1: each round times every implementation of a preset in "
                    "turn (--iters calls each), a row reports its rounds' median (default: "

@@ -722,7 +722,22 @@ def plot(payload: dict[str, Any], path: str) -> None:
 def rounds_note(rounds: int) -> str:
     """What ``bench --rounds`` did, as a clause after "median of N runs after W warm-up" (empty
     for one round): the bench's header line and the markdown table say it alike."""
-    return "" if rounds == 1 else f", every row timed in {rounds} rounds in turn (their median)"
+    return "" if rounds == 1 else (f", every row timed in {rounds} rounds in turn, each round "
+                                   "from another row (their median)")
+
+
+def rotated(n: int, r: int) -> list[int]:
+    """Indices 0..n-1 starting at r mod n: the order of round r of a bench, so that no row is
+    always timed right after the same one (under the power cap a row inherits some of the last
+    one's clock; the bench's warm-up in time removes most of that, the rotation spreads the
+    rest)."""
+    return [(r + i) % n for i in range(n)] if n else []
+
+
+def warmup_note(payload: dict[str, Any]) -> str:
+    """" (and W ms of them)" for a bench JSON that warmed each row up in time, else empty."""
+    ms = payload.get("warmup_ms")
+    return f" (and {ms:g} ms of them)" if ms else ""
 
 
 def markdown_table(payload: dict[str, Any]) -> str:
@@ -731,7 +746,8 @@ def markdown_table(payload: dict[str, Any]) -> str:
     lines = [
         f"flashinfer_h3 {payload.get('flashinfer_h3')} on {payload.get('device')}, "
         f"{payload.get('date', 'date unknown')}; {versions}; median of {payload.get('iters')} "
-        f"runs after {payload.get('warmup')} warm-up{rounds_note(payload.get('rounds', 1))}, "
+        f"runs after {payload.get('warmup')} warm-up{warmup_note(payload)}"
+        f"{rounds_note(payload.get('rounds', 1))}, "
         f"seed {payload.get('seed')}.",
         "",
         "| preset | implementation | ms | TFLOP/s | x cuDNN | rel L2 vs FP32 oracle |",

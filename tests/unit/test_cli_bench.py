@@ -149,6 +149,55 @@ def test_markdown_table_says_the_rounds() -> None:
     assert "rounds" not in benchtools.markdown_table(base).splitlines()[0]
     text = benchtools.markdown_table({**base, "rounds": 3})
     assert "median of 10 runs after 2 warm-up, every row timed in 3 rounds in turn" in text
+    text = benchtools.markdown_table({**base, "rounds": 3, "warmup_ms": 1000.0})
+    assert "after 2 warm-up (and 1000 ms of them), every row timed in 3 rounds in turn" in text
+
+
+def test_rotated_round_orders() -> None:
+    # Round r of a bench starts at row r: over n rounds each row is first once, and every
+    # round times every row exactly once.
+    assert benchtools.rotated(4, 0) == [0, 1, 2, 3]
+    assert benchtools.rotated(4, 1) == [1, 2, 3, 0]
+    assert benchtools.rotated(4, 6) == [2, 3, 0, 1]
+    assert benchtools.rotated(0, 3) == []
+    assert {benchtools.rotated(5, r)[0] for r in range(5)} == set(range(5))
+    assert all(sorted(benchtools.rotated(5, r)) == list(range(5)) for r in range(7))
+
+
+def test_time_cuda_warms_up_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # _time_cuda keeps calling untimed until warmup_ms has passed (at least `warmup` calls), then
+    # times `iters` calls; the clock here is a fake that advances 100 ms a call.
+    import flashinfer_h3.__main__ as cli
+
+    calls: list[str] = []
+    clock = [0.0]
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = clock[0]
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return (end.t - self.t) * 1e3
+
+    def fn() -> None:
+        calls.append("call")
+        clock[0] += 0.1
+
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert cli._time_cuda(fn, iters=3, warmup=2, warmup_ms=550.0) == pytest.approx(100.0)
+    assert len(calls) == 6 + 3  # 0.0 .. 0.5 s is under 550 ms: six untimed calls, then three
+    calls.clear()
+    clock[0] = 0.0
+    cli._time_cuda(fn, iters=1, warmup=2, warmup_ms=0.0)
+    assert len(calls) == 2 + 1
 
 
 def test_bench_shapes() -> None:
