@@ -62,6 +62,9 @@ static_assert(kNvfp4ProducerRegs * kWarpgroupThreads + kNvfp4ConsumerRegs * kCon
 // TMA one, and the consumers get 216 (kWideConsumers): with the 16 more, ptxas schedules their
 // code for 1.6-3.5 % less time and 2-3 % fewer joules (benchmarks/RESULTS.md, twenty-fifth
 // session). The RS delta build's ldmatrix fragments need 72, which leaves the consumers 200.
+// (Measured and removed: 224 for the consumers, the TMA and delta warpgroups at 32 with the TMA
+// tile loop rolled and the delta's two m64 blocks in turn so that neither spills: +4 to +9 %
+// time and joules, twenty-sixth session.)
 constexpr uint32_t kNvfp4TmaRegs = 40;  // the TMA thread's item and tile loops (24 and 32 spill them)
 constexpr uint32_t kNvfp4DeltaWgRegs = 40;
 constexpr uint32_t kNvfp4WideConsumerRegs = 216;
