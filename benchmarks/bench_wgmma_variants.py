@@ -62,7 +62,7 @@ from flashinfer_h3.benchtools import (
     GpuSampler,
     KernelOnly,
     bench_shapes,
-    rotated,
+    round_order,
     sampled_oracle,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
@@ -219,7 +219,7 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         builds.append(("production, striding item order", ko, f", rel L2 vs production {rel:.2e}"))
     times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in builds]
     for r in range(rounds):
-        for i in rotated(len(builds), r):  # no build always right after the same one
+        for i in round_order(len(builds), r):  # predecessors change from round to round
             times[i].append(timed_with_clocks(builds[i][1].run, iters, warmup_ms))
     for (name, _, diff), measured in zip(builds, times, strict=True):
         ms = statistics.median(t for t, _, _ in measured)

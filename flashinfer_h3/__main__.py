@@ -768,9 +768,9 @@ def _bench_gpu_preset(args: argparse.Namespace, ops: list[str], preset_name: str
         results.append(row)
     # Further rounds time every row again in turn, so that the GPU's warming and its clock under
     # the power cap fall on every implementation alike; a row's time is its rounds' median.
-    # Round r starts at row r (mod the rows): no row always follows the same one.
+    # Round r's order (benchtools.round_order): no row always follows the same one.
     for r in range(1, args.rounds):
-        for i in benchtools.rotated(len(rows), r):
+        for i in benchtools.round_order(len(rows), r):
             m, row, times, seen = rows[i], results[i], timings[i], states[i]
             if row["ms"] is None:
                 continue

@@ -726,12 +726,17 @@ def rounds_note(rounds: int) -> str:
                                    "from another row (their median)")
 
 
-def rotated(n: int, r: int) -> list[int]:
-    """Indices 0..n-1 starting at r mod n: the order of round r of a bench, so that no row is
-    always timed right after the same one (under the power cap a row inherits some of the last
-    one's clock; the bench's warm-up in time removes most of that, the rotation spreads the
-    rest)."""
-    return [(r + i) % n for i in range(n)] if n else []
+def round_order(n: int, r: int) -> list[int]:
+    """The order of round r of a bench over n rows: r, r + s, r + 2 s, ... (mod n), with s the
+    r-th of the strides coprime with n (1, 3, 5, 7 for 8 rows), so that a row's predecessor,
+    j - s, changes from round to round (a cyclic shift alone keeps it). Under the power cap a row
+    inherits some of the last one's clock; the bench's warm-up in time removes most of that, and
+    these orders spread the rest over the rows."""
+    if n <= 0:
+        return []
+    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
+    s = strides[r % len(strides)]
+    return [(r + i * s) % n for i in range(n)]
 
 
 def warmup_note(payload: dict[str, Any]) -> str:

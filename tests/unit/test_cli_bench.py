@@ -153,15 +153,22 @@ def test_markdown_table_says_the_rounds() -> None:
     assert "after 2 warm-up (and 1000 ms of them), every row timed in 3 rounds in turn" in text
 
 
-def test_rotated_round_orders() -> None:
-    # Round r of a bench starts at row r: over n rounds each row is first once, and every
-    # round times every row exactly once.
-    assert benchtools.rotated(4, 0) == [0, 1, 2, 3]
-    assert benchtools.rotated(4, 1) == [1, 2, 3, 0]
-    assert benchtools.rotated(4, 6) == [2, 3, 0, 1]
-    assert benchtools.rotated(0, 3) == []
-    assert {benchtools.rotated(5, r)[0] for r in range(5)} == set(range(5))
-    assert all(sorted(benchtools.rotated(5, r)) == list(range(5)) for r in range(7))
+def test_round_orders() -> None:
+    # Every round times every row once; round r starts at row r; and a row's predecessor
+    # changes from round to round (a cyclic shift would keep it: the bench of 2026-12-06 timed
+    # its NVFP4 whole-call row right after cuDNN FP8 in every round).
+    assert benchtools.round_order(4, 0) == [0, 1, 2, 3]
+    assert benchtools.round_order(8, 1) == [1, 4, 7, 2, 5, 0, 3, 6]  # stride 3
+    assert benchtools.round_order(0, 3) == [] and benchtools.round_order(1, 5) == [0]
+    for n in (2, 3, 5, 8, 9):
+        orders = [benchtools.round_order(n, r) for r in range(n)]
+        assert all(sorted(o) == list(range(n)) for o in orders)
+        assert {o[0] for o in orders} == set(range(n))
+    orders = [benchtools.round_order(8, r) for r in range(3)]  # the bench's 8 rows, 3 rounds
+    predecessors = [{o[i]: o[i - 1] for i in range(1, 8)} for o in orders]
+    for row in range(8):
+        seen = [p[row] for p in predecessors if row in p]
+        assert len(seen) == len(set(seen)), (row, seen)
 
 
 def test_time_cuda_warms_up_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
