@@ -22,13 +22,14 @@ beside production's. ``--shape LENGTHS:HEADS``
 (repeatable) adds shapes beside the presets.
 
     python benchmarks/bench_call_breakdown.py [--op fp8,nvfp4] [--preset h3-10s,h3-mix]
-        [--shape 333*184:56] [--iters 10] [--rounds 3]
+        [--shape 333*184:56] [--iters 10] [--rounds 3] [--warmup-ms 1000]
         [--fp8-build q_in_kernel=1 [--fp8-build q_in_kernel=2]]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from typing import Any
 
@@ -61,7 +62,7 @@ def _split(launch: Any, args: tuple[Any, ...], iters: int, warmup: int
 
 
 def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], iters: int, rounds: int,
-        fp8_builds: list[dict[str, Any]] | None = None) -> None:
+        fp8_builds: list[dict[str, Any]] | None = None, warmup_ms: float = 1000.0) -> None:
     q, k, v, cu, bounds = _inputs(lengths, heads, torch.device("cuda"), 0)
     out = torch.empty_like(q)
     rows: dict[str, list[float]] = {}
@@ -89,17 +90,18 @@ def run(name: str, lengths: tuple[int, ...], heads: int, ops: list[str], iters: 
             if fn is not None:  # a benchmark build has no public operator
                 rows.setdefault(f"{op} whole call", []).append(
                     _time_cuda(lambda fn=fn: fn(q, k, v, cu, out, cu_seqlens_host=bounds), iters,
-                               2))
+                               2, warmup_ms))
             rows.setdefault(f"{op} pre-pass alone", []).append(
                 _time_cuda(lambda launch=launch, args=args: launch.prepass_only(*args), iters, 2))
             # The workspace holds this input's operands (the pre-pass just ran): the kernel alone.
-            rows.setdefault(f"{op} kernel alone", []).append(_time_cuda(ko.run, iters, 2))
+            rows.setdefault(f"{op} kernel alone", []).append(
+                _time_cuda(ko.run, iters, 2, warmup_ms))
             pre, ker = _split(launch, args, iters, 2)
             rows.setdefault(f"{op} in call: pre-pass", []).append(statistics.median(pre))
             rows.setdefault(f"{op} in call: kernel", []).append(statistics.median(ker))
             rows.setdefault(f"{op} in call: both", []).append(
                 statistics.median([a + b for a, b in zip(pre, ker, strict=True)]))
-        rows.setdefault("cuDNN bf16", []).append(_time_cuda(cudnn, iters, 2))
+        rows.setdefault("cuDNN bf16", []).append(_time_cuda(cudnn, iters, 2, warmup_ms))
         print(f"{name}: round {r + 1}/{rounds} done", flush=True)
     yardstick = statistics.median(rows["cuDNN bf16"])
     print(f"{name} ({sum(lengths)} tokens x {heads} heads), median of "
@@ -121,10 +123,16 @@ def main() -> None:
                     "56 heads); repeatable")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
+    ap.add_argument("--warmup-ms", type=float, default=1000.0,
+                    help="untimed calls for this long before the whole-call, kernel-alone and "
+                    "cuDNN rows (the bench command's --warmup-ms: each row nearer its own clock "
+                    "under the power cap)")
     ap.add_argument("--fp8-build", action="append", default=[], metavar="FLAG=VALUE,...",
                     help="also a benchmark build of module fp8_wgmma with these KernelConfig "
                     "flags (integer values), e.g. q_in_kernel=1; repeatable")
     args = ap.parse_args()
+    if not math.isfinite(args.warmup_ms) or args.warmup_ms < 0:
+        ap.error(f"--warmup-ms: expected a finite number >= 0, got {args.warmup_ms}")
     fp8_builds: list[dict[str, Any]] = []
     for spec in args.fp8_build:
         try:
@@ -139,7 +147,7 @@ def main() -> None:
         ap.error(str(e))
     ops = [op.strip() for op in args.op.split(",")]
     for name, lengths, heads in shapes:
-        run(name, lengths, heads, ops, args.iters, args.rounds, fp8_builds)
+        run(name, lengths, heads, ops, args.iters, args.rounds, fp8_builds, args.warmup_ms)
 
 
 if __name__ == "__main__":
