@@ -105,12 +105,14 @@ register_module(ModuleDef(
     "nvfp4", ("quantize.cu.jinja", "attention_nvfp4.cu.jinja"), "nvfp4",
     exports=("quantize_nvfp4", "attention_nvfp4", "attention_nvfp4_smem_bytes"),
     about="NVFP4 pre-pass + the mma.sync NVFP4 kernel (native MMA on sm_120a, emulated on sm_90a)",
+    flags=PREPASS_FLAGS + JIT_FLAGS,
 ))
 register_module(ModuleDef(
     "fp8", ("quantize.cu.jinja", "attention_fp8_mma_sync.cu.jinja"), "fp8",
     exports=("quantize_fp8", "attention_fp8_mma_sync", "attention_fp8_mma_sync_smem_bytes"),
     about="FP8 pre-pass + the mma.sync FP8 kernel (QMMA.16832 on sm_120a; on sm_90a ptxas lowers "
           "the same E4M3 mma.sync to F16 unpacks + HMMA)",
+    flags=PREPASS_FLAGS + JIT_FLAGS,
 ))
 register_module(ModuleDef(
     "fp8_wgmma", ("quantize.cu.jinja", "attention_fp8_wgmma.cu.jinja"), "fp8", archs=("sm_90a",),

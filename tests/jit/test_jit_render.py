@@ -18,7 +18,7 @@ from flashinfer_h3.jit import (
     templates_dir,
 )
 from flashinfer_h3.jit import spec as spec_module
-from flashinfer_h3.jit.modules import JIT_FLAGS, MODULES, REGISTER_USAGE_FLAG
+from flashinfer_h3.jit.modules import JIT_FLAGS, MODULES, PREPASS_FLAGS, REGISTER_USAGE_FLAG
 from flashinfer_h3.version import __version__
 
 
@@ -66,7 +66,8 @@ def test_utils_render_carries_the_configuration() -> None:
 
 
 def test_context_is_the_same_for_every_template_and_holds_the_flags() -> None:
-    cfg = KernelConfig("nvfp4", 128, "sm_120a", flags={"tile_k": 64, "fast": True, "tag": "x"})
+    cfg = KernelConfig("nvfp4", 128, "sm_120a",
+                       flags={"prepass_ctas": 64, "register_usage_level": 5})
     ctx = cfg.template_context()
     assert ctx == {
         "module": "nvfp4",
@@ -76,9 +77,12 @@ def test_context_is_the_same_for_every_template_and_holds_the_flags() -> None:
         "arch": "sm_120a",
         "arch_num": 120,
         "prepass_output": "codes",
-        "flags": {"fast": True, "tag": "x", "tile_k": 64},
+        "flags": {"prepass_ctas": 64, "register_usage_level": 5},
         "version": __version__,
     }
+    # A module without a flag list takes any name, bool, int or str values alike.
+    assert KernelConfig("utils", flags={"tile_k": 64, "fast": True, "tag": "x"}).template_context()[
+        "flags"] == {"fast": True, "tag": "x", "tile_k": 64}
     assert KernelConfig("utils").template_context()["scale_mode"] is None
     assert KernelConfig("fp8", arch="9.0").template_context()["arch_num"] == 90
     assert KernelConfig("nvfp4_wgmma", arch="sm_90a").template_context()["prepass_output"] == "fp16"
@@ -134,9 +138,10 @@ def test_render_templates_keeps_order_and_strips_suffix(tmp_path: Path) -> None:
         ({"module": "nvfp4", "arch": "sm_80"}, UnsupportedArchError, "sm_80"),
         ({"module": "nvfp4", "arch": "sm_100a"}, UnsupportedArchError, "sm_90a"),
         ({"module": "nvfp4", "arch": 90}, TypeError, "arch: expected str"),
-        ({"module": "nvfp4", "flags": {"not ok": 1}}, ValueError, "not an identifier"),
-        ({"module": "nvfp4", "flags": {"x": 1.5}}, TypeError, "expected bool, int or str"),
-        ({"module": "nvfp4", "flags": [("x", 1), ("x", 2)]}, ValueError, "given twice"),
+        ({"module": "utils", "flags": {"not ok": 1}}, ValueError, "not an identifier"),
+        ({"module": "utils", "flags": {"x": 1.5}}, TypeError, "expected bool, int or str"),
+        ({"module": "utils", "flags": [("x", 1), ("x", 2)]}, ValueError, "given twice"),
+        ({"module": "nvfp4", "flags": {"tile_k": 64}}, ValueError, "has no flag 'tile_k'"),
     ],
 )
 def test_kernel_config_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
@@ -347,8 +352,13 @@ def test_declared_flags_are_the_ones_the_templates_read(module: str) -> None:
     assert spec_module.REGISTER_USAGE_FLAG == REGISTER_USAGE_FLAG
 
 
-def test_the_hopper_modules_declare_their_flags() -> None:
-    assert {n for n, m in MODULES.items() if m.flags is not None} >= {"fp8_wgmma", "nvfp4_wgmma"}
+def test_every_attention_module_declares_its_flags() -> None:
+    # The mma.sync modules take only the pre-pass's and the JIT's flags; utils and the test-only
+    # probe module keep taking any name (the render tests use that).
+    declared = {n for n, m in MODULES.items() if m.flags is not None}
+    assert declared >= {"nvfp4", "fp8", "fp8_wgmma", "nvfp4_wgmma"}
+    assert set(MODULES["nvfp4"].flags or ()) == set(MODULES["fp8"].flags or ()) == set(
+        PREPASS_FLAGS + JIT_FLAGS)
 
 
 @pytest.mark.parametrize(("module", "flag"), [

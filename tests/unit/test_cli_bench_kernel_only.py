@@ -195,7 +195,7 @@ def fake_gpu_bench(monkeypatch) -> Callable[..., dict]:
     monkeypatch.setattr(benchtools, "sdpa_peer", exact_peer)
     fakes: list[FakeKernel] = []
 
-    def timer(fn: Callable[[], Any], iters: int, warmup: int) -> float:
+    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
         seen = [len(f.calls) for f in fakes]
         for _ in range(warmup + iters):
             fn()
@@ -298,15 +298,16 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     offsets = [0.0, 2.0, 1.0]  # round r of a row takes base + offsets[r]
     seen: dict[str, int] = {}
 
-    def timer(fn: Callable[[], Any], iters: int, warmup: int) -> float:
+    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
         before = len(nvfp4.calls)
         for _ in range(warmup + iters):
             fn()
         new = nvfp4.calls[before:]
         kind = "whole" if "pre-pass" in new else "kernel" if new else "peer"
         base = {"whole": WHOLE_MS, "kernel": KERNEL_MS, "peer": PEER_MS}[kind]
-        r = seen.get(kind, 0)
-        seen[kind] = r + 1
+        row = kind if kind != "peer" else str(id(fn))  # each peer row counts its own rounds
+        r = seen.get(row, 0)
+        seen[row] = r + 1
         return base + offsets[r % 3]
 
     monkeypatch.setattr(cli, "_time_cuda", timer)  # replaces the fixture's
@@ -322,11 +323,14 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     assert math.isclose(kernel["tflops"], data["flops"] / ((KERNEL_MS + 1) * 1e-3) / 1e12)
     assert kernel["vs_cudnn"] == (PEER_MS + 1) / (KERNEL_MS + 1)
     assert kernel["matches_whole_call"] is True and kernel["rel_l2"] < 1e-2
-    # Round 1 as without --rounds; rounds 2 and 3: the whole call's 3 calls, then one whole
-    # call to prime the kernel-only row and its 3 attention-only calls.
+    # Round 1 as without --rounds. Rounds 2 and 3 in benchtools.round_order's orders of the 4
+    # rows (whole call, kernel only, cuDNN, flash): round 2 [1, 0, 3, 2] primes the kernel-only
+    # row (one whole call) and times its 3 attention-only calls, then the whole call's 3 calls;
+    # round 3 [2, 3, 0, 1] the whole call first, then the kernel-only row.
     first = ["pre-pass", "attention"] * 5 + ["attention"] * 4
-    again = ["pre-pass", "attention"] * 4 + ["attention"] * 3
-    assert nvfp4.calls == first + again + again
+    kernel_row = ["pre-pass", "attention"] + ["attention"] * 3
+    whole_row = ["pre-pass", "attention"] * 3
+    assert nvfp4.calls == first + kernel_row + whole_row + whole_row + kernel_row
     assert "in 3 rounds" in out and "round 3/3 small flashinfer_h3 nvfp4" in out
     assert "gpu" not in kernel  # no nvidia-smi here
 
