@@ -34,11 +34,15 @@ benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase sc
 accumulators over several tiles, a row-split softmax, waits and releases, a second Q block). Outputs
 of the delta / softmax / O-update builds are not attention; their times say what each part costs.
 Builds are timed in turn, in rounds (a drift of the clock under the power cap falls on all of
-them alike); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time.
+them alike), each round in another order (benchtools.round_order) and each build after
+``--warmup-ms`` of untimed calls (default 1 s: it runs at its own clock, not at the previous
+build's); median of CUDA-event timings over the rounds; TFLOP/s = 4 sum(L^2) H 128 / time. The
+register usage level 10 rows give production's SASS (level 3: level 0's): the pairs say how far
+apart the method puts one kernel timed twice.
 
     python benchmarks/bench_wgmma_variants.py [--op nvfp4,fp8] [--preset h3-10s,h3-mix]
-        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--only SUBSTRING,...] [--oracle]
-        [--bias 2] [--build-only]
+        [--shape 30720*4:56] [--iters 5] [--rounds 3] [--warmup-ms 1000] [--only SUBSTRING,...]
+        [--oracle] [--bias 2] [--build-only]
 
 ``--build-only`` compiles the selected builds into the JIT cache and exits (no GPU needed): with
 ``python -m flashinfer_h3 warmup --arch sm_90a`` it fills a cache that a device run can carry.
@@ -137,8 +141,8 @@ def timed_with_clocks(
     """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
     clock (MHz) and board power (W) sampled meanwhile (else None; benchtools.GpuSampler): the H200
     runs these kernels at its 700 W cap, so a build's clock is part of its time."""
-    with GpuSampler(torch.cuda.current_device()) as sampler:
-        ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms)
+    sampler = GpuSampler(torch.cuda.current_device())  # over the timed calls only
+    ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
     if sampler.state is None:
         return ms, None, None
     return ms, sampler.state.sm_clock_mhz, sampler.state.power_w

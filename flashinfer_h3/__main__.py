@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -429,14 +431,17 @@ def attention_flops(lengths: Sequence[int], heads: int) -> float:
     return 4.0 * sum(length * length for length in lengths) * heads * HEAD_DIM
 
 
-def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
+def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0,
+               during: AbstractContextManager[Any] | None = None) -> float:
     """Median milliseconds of ``fn`` over ``iters`` runs, each bracketed by CUDA events, after
-    ``warmup`` untimed runs and then more until ``warmup_ms`` of wall time has passed.
+    ``warmup`` untimed runs and then more until ``warmup_ms`` of wall time has passed; the GPU
+    is idle when the timed runs start. ``during``: a context entered around the timed runs only
+    (``_timed``'s clock sampler: the warm-up's samples would describe the previous row's clock).
 
     Why a warm-up in time: these kernels run at the GPU's power cap, where the SM clock follows
     the board's power with a lag of a few hundred ms; a row timed right after a hungrier one
-    starts at that one's clock (an identical build measured 1-3.5 % slower when timed first in a
-    round, benchmarks/RESULTS.md, twenty-sixth session)."""
+    starts at that one's clock (an identical build measured up to 3.5 % slower when timed first
+    in every round, benchmarks/RESULTS.md, twenty-sixth session)."""
     import torch
 
     start = time.perf_counter()
@@ -445,29 +450,31 @@ def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float 
         fn()
         torch.cuda.synchronize()
         done += 1
+    torch.cuda.synchronize()  # nothing queued before the first timed run (warmup 0 included)
     times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    with during if during is not None else contextlib.nullcontext():
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2]
 
 
 def _timed(fn: Callable[[], Any], iters: int, warmup: int,
            warmup_ms: float = 0.0) -> tuple[float, Any]:
-    """``_time_cuda`` with the GPU's clock, power and temperature sampled meanwhile
+    """``_time_cuda`` with the GPU's clock, power and temperature sampled over the timed runs
     (benchtools.GpuState, None without nvidia-smi)."""
     import torch
 
     from . import benchtools
 
     index = torch.cuda.current_device() if torch.cuda.is_available() else 0
-    with benchtools.GpuSampler(index) as sampler:
-        ms = _time_cuda(fn, iters, warmup, warmup_ms)
+    sampler = benchtools.GpuSampler(index)
+    ms = _time_cuda(fn, iters, warmup, warmup_ms, during=sampler)
     return ms, sampler.state
 
 
@@ -679,7 +686,7 @@ def _bench_gpu(args: argparse.Namespace, ops: list[str], names: list[str]) -> in
     _print(
         f"bench on {gpu_name} (compute capability {cap[0]}.{cap[1]}): {len(names)} preset(s) x "
         f"{len(impls)} implementation(s) ({', '.join(impls)}); median of {args.iters} runs "
-        f"after {args.warmup} warm-up (and {args.warmup_ms:g} ms of them)"
+        f"after {args.warmup} warm-up{benchtools.warmup_note(vars(args))}"
         f"{benchtools.rounds_note(args.rounds)}, whole call "
         f"({KERNEL_ONLY_NOTE}); accuracy: relative L2 vs the FP32 oracle on up to "
         f"{benchtools.ROWS_PER_SEGMENT} sampled rows per segment"
@@ -842,10 +849,11 @@ def _write_outputs(args: argparse.Namespace, device: str, runs: list[dict[str, A
         "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": _versions(),
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "warmup_ms": args.warmup_ms,
-        "rounds": args.rounds,
+        # What ran: the CPU reference runs each op once, whatever the timing options said.
+        "iters": 1 if device == "cpu" else args.iters,
+        "warmup": 0 if device == "cpu" else args.warmup,
+        "warmup_ms": 0.0 if device == "cpu" else args.warmup_ms,
+        "rounds": 1 if device == "cpu" else args.rounds,
         "seed": args.seed,
         "runs": runs,
     }

@@ -728,10 +728,11 @@ def rounds_note(rounds: int) -> str:
 
 def round_order(n: int, r: int) -> list[int]:
     """The order of round r of a bench over n rows: r, r + s, r + 2 s, ... (mod n), with s the
-    r-th of the strides coprime with n (1, 3, 5, 7 for 8 rows), so that a row's predecessor,
-    j - s, changes from round to round (a cyclic shift alone keeps it). Under the power cap a row
-    inherits some of the last one's clock; the bench's warm-up in time removes most of that, and
-    these orders spread the rest over the rows."""
+    r-th of the strides coprime with n (cyclically: 1, 3, 5, 7 for 8 rows), so that a row's
+    predecessor inside a round, j - s, differs between consecutive rounds and, for 8 rows, over
+    any 4 (a cyclic shift alone keeps it; with fewer strides, e.g. 1 and 3 for 4 rows, rounds r
+    and r + 2 repeat). Under the power cap a row inherits some of the last one's clock; the
+    bench's warm-up in time removes most of that, and these orders spread the rest."""
     if n <= 0:
         return []
     strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]

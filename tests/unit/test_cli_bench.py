@@ -205,6 +205,27 @@ def test_time_cuda_warms_up_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
     clock[0] = 0.0
     cli._time_cuda(fn, iters=1, warmup=2, warmup_ms=0.0)
     assert len(calls) == 2 + 1
+    # No warm-up at all: the GPU is still synchronised before the first timed call (a whole
+    # call's host work must not hide behind work queued before it), and `during` (the clock
+    # sampler of _timed) is entered around the timed calls only.
+    calls.clear()
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+
+    class During:
+        def __enter__(self) -> None:
+            events.append(f"enter after {len(calls)} calls")
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(f"exit after {len(calls)} calls")
+
+    cli._time_cuda(fn, iters=2, warmup=0, warmup_ms=0.0, during=During())
+    assert len(calls) == 2
+    assert events == ["sync", "enter after 0 calls", "exit after 2 calls"]
+    calls.clear()
+    events.clear()
+    cli._time_cuda(fn, iters=1, warmup=1, warmup_ms=0.0, during=During())
+    assert events == ["sync", "sync", "enter after 1 calls", "exit after 2 calls"]
 
 
 def test_bench_shapes() -> None:

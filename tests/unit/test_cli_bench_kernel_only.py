@@ -195,7 +195,8 @@ def fake_gpu_bench(monkeypatch) -> Callable[..., dict]:
     monkeypatch.setattr(benchtools, "sdpa_peer", exact_peer)
     fakes: list[FakeKernel] = []
 
-    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
+    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0,
+              during: Any = None) -> float:
         seen = [len(f.calls) for f in fakes]
         for _ in range(warmup + iters):
             fn()
@@ -298,7 +299,8 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     offsets = [0.0, 2.0, 1.0]  # round r of a row takes base + offsets[r]
     seen: dict[str, int] = {}
 
-    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0) -> float:
+    def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0,
+              during: Any = None) -> float:
         before = len(nvfp4.calls)
         for _ in range(warmup + iters):
             fn()
