@@ -3,7 +3,7 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|energy|none|all]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|energy|none|all|record]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
@@ -11,7 +11,9 @@
 # production against an earlier commit's build and benchmark builds, short segments too; l2:
 # what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; energy:
 # joules a call (bench_energy.py); none: only the setup (wheels, cache, info, warmup), for commands
-# of one's own after it; see below; none of these is part of all)
+# of one's own after it; see below; none of these is part of all; record: all, then what the
+# NVFP4 P quantisation and softmax cost (benchmark builds, kernel alone): the Hopper issues'
+# evidence in one call of ~8-9 minutes with BENCH_SIDE=0 TESTS_TIMEOUT=200 and a carried cache)
 # A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
 # `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
@@ -40,7 +42,7 @@ export PYTHONUNBUFFERED=1
     [[ $what == profile ]] || python3 -m flashinfer_h3 warmup
 } 2>&1 | tee "$OUT/info.log"
 
-if [[ $what == all || $what == tests ]]; then
+if [[ $what == all || $what == record || $what == tests ]]; then
     # Every GPU test of the tree (marker gpu), 8 worker processes on the one GPU; the modules
     # were built by the warmup above into the shared FLASHINFER_H3_CACHE_DIR. -s: the kernels'
     # tests print their worst relative L2 against the reference.
@@ -54,7 +56,7 @@ if [[ $what == fp8 ]]; then
         --iters 3 --json "$OUT/bench_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
 fi
 
-if [[ $what == all || $what == bench ]]; then
+if [[ $what == all || $what == record || $what == bench ]]; then
     {
         # BENCH_SIDE=0: the operators' bench alone (a bench of record when device time is short).
         if [[ ${BENCH_SIDE:-1} != 0 ]]; then
@@ -76,7 +78,7 @@ if [[ $what == all || $what == bench ]]; then
     } 2>&1 | tee "$OUT/bench.log"
 fi
 
-if [[ $what == all || $what == sanitize ]]; then
+if [[ $what == all || $what == record || $what == sanitize ]]; then
     cat > /tmp/small_call.py <<'PY'
 import os
 
@@ -184,6 +186,13 @@ if [[ $what == energy ]]; then
     timeout "${ENERGY_TIMEOUT:-300}" python3 benchmarks/bench_energy.py \
         --preset "${ENERGY_PRESETS:-h3-10s,h3-mix}" --seconds "${ENERGY_SECONDS:-2.5}" \
         --rounds "${ENERGY_ROUNDS:-2}" "${energy_builds[@]}" 2>&1 | tee "$OUT/energy.log"
+fi
+
+if [[ $what == record ]]; then
+    # The cost of the NVFP4 P quantisation (and of the whole softmax) on this tree's kernel:
+    # production against the quantize_p=False and softmax=False benchmark builds, kernel alone.
+    timeout 200 python3 benchmarks/bench_wgmma_variants.py --op nvfp4 --preset h3-10s,h3-mix \
+        --only "P not quantised,no softmax (S" --iters 5 --rounds 3 2>&1 | tee "$OUT/p_cost.log"
 fi
 
 if [[ $what == variants ]]; then
