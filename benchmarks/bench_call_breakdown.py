@@ -29,7 +29,6 @@ beside production's. ``--shape LENGTHS:HEADS``
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from typing import Any
 
@@ -37,7 +36,13 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from flashinfer_h3 import benchtools
-from flashinfer_h3.__main__ import PRESETS, _inputs, _operator, _time_cuda  # the bench command's
+from flashinfer_h3.__main__ import (  # the bench command's
+    PRESETS,
+    _inputs,
+    _non_negative_float,
+    _operator,
+    _time_cuda,
+)
 
 
 def _split(launch: Any, args: tuple[Any, ...], iters: int, warmup: int
@@ -123,7 +128,7 @@ def main() -> None:
                     "56 heads); repeatable")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each times every row in turn")
-    ap.add_argument("--warmup-ms", type=float, default=1000.0,
+    ap.add_argument("--warmup-ms", type=_non_negative_float, default=1000.0,
                     help="untimed calls for this long before the whole-call, kernel-alone and "
                     "cuDNN rows (the bench command's --warmup-ms: each row nearer its own clock "
                     "under the power cap)")
@@ -131,8 +136,6 @@ def main() -> None:
                     help="also a benchmark build of module fp8_wgmma with these KernelConfig "
                     "flags (integer values), e.g. q_in_kernel=1; repeatable")
     args = ap.parse_args()
-    if not math.isfinite(args.warmup_ms) or args.warmup_ms < 0:
-        ap.error(f"--warmup-ms: expected a finite number >= 0, got {args.warmup_ms}")
     fp8_builds: list[dict[str, Any]] = []
     for spec in args.fp8_build:
         try:

@@ -51,7 +51,6 @@ apart the method puts one kernel timed twice.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -60,7 +59,12 @@ from typing import Any
 import torch
 
 from flashinfer_h3 import backends
-from flashinfer_h3.__main__ import PRESETS, _time_cuda, attention_flops  # the bench command's
+from flashinfer_h3.__main__ import (  # the bench command's
+    PRESETS,
+    _non_negative_float,
+    _time_cuda,
+    attention_flops,
+)
 from flashinfer_h3.benchtools import (
     HOPPER_MODULES,
     GpuSampler,
@@ -246,7 +250,7 @@ def main() -> None:
                     help="an extra shape, e.g. 30720*4:56 (four 30,720-token segments, 56 heads) "
                     "or 30720,15360:56; repeatable")
     ap.add_argument("--iters", type=int, default=5, help="timed calls per build and round")
-    ap.add_argument("--warmup-ms", type=float, default=1000.0,
+    ap.add_argument("--warmup-ms", type=_non_negative_float, default=1000.0,
                     help="untimed calls of each build for this long before its timed ones (its "
                     "clock under the power cap settles; the bench command's --warmup-ms)")
     ap.add_argument("--rounds", type=int, default=3,
@@ -265,8 +269,6 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true",
                     help="compile the selected builds into the JIT cache and exit (no GPU needed)")
     args = ap.parse_args()
-    if not math.isfinite(args.warmup_ms) or args.warmup_ms < 0:
-        ap.error(f"--warmup-ms: expected a finite number >= 0, got {args.warmup_ms}")
     ops = args.op.split(",")
     for op in ops:
         if op not in MODULES:
