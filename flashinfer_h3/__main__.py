@@ -833,11 +833,20 @@ def _prepass_lines(results: list[dict[str, Any]]) -> list[str]:
         if whole is None:
             continue
         extra = whole["ms"] - kernel["ms"]
-        lines.append(
+        line = (
             f"  {kernel['op']} [{kernel['backend']}]: the whole call takes {whole['ms']:.3f} ms, "
             f"its attention kernel {kernel['ms']:.3f} ms: pre-pass and host work {extra:.3f} ms "
             f"({100 * extra / whole['ms']:.0f}% of the call)"
         )
+        # Two rows timed at different moments: under the power cap the clock moves between them,
+        # and the difference of their medians holds that drift too (it has come out negative).
+        # With rounds, the per-round differences show how far to trust it.
+        whole_rounds, kernel_rounds = whole.get("round_ms") or [], kernel.get("round_ms") or []
+        if len(whole_rounds) > 1 and len(whole_rounds) == len(kernel_rounds):
+            diffs = sorted(w - k for w, k in zip(whole_rounds, kernel_rounds, strict=True))
+            line += (f"; round by round {diffs[0]:.3f} to {diffs[-1]:.3f} ms (the clock's drift "
+                     "between the two rows included)")
+        lines.append(line)
     return lines
 
 

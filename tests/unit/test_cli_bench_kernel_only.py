@@ -334,6 +334,9 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     whole_row = ["pre-pass", "attention"] * 3
     assert nvfp4.calls == first + kernel_row + whole_row + whole_row + kernel_row
     assert "in 3 rounds" in out and "round 3/3 small flashinfer_h3 nvfp4" in out
+    # Both rows got the same offsets round by round: every per-round difference is 1 ms.
+    assert ("pre-pass and host work 1.000 ms (20% of the call); round by round 1.000 to 1.000 ms"
+            in out)
     assert "gpu" not in kernel  # no nvidia-smi here
 
 
