@@ -297,6 +297,9 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     of its rounds; the rounds' times go into the JSON."""
     nvfp4 = FakeKernel("nvfp4")
     offsets = [0.0, 2.0, 1.0]  # round r of a row takes base + offsets[r]
+    # The kernel-only row's rounds in another order (the same median), so that its per-round
+    # differences from the whole call's are not all the medians' difference.
+    kernel_offsets = [1.0, 2.0, 0.0]
     seen: dict[str, int] = {}
 
     def timer(fn: Callable[[], Any], iters: int, warmup: int, warmup_ms: float = 0.0,
@@ -310,7 +313,7 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
         row = kind if kind != "peer" else str(id(fn))  # each peer row counts its own rounds
         r = seen.get(row, 0)
         seen[row] = r + 1
-        return base + offsets[r % 3]
+        return base + (kernel_offsets if kind == "kernel" else offsets)[r % 3]
 
     monkeypatch.setattr(cli, "_time_cuda", timer)  # replaces the fixture's
     data = fake_gpu_bench({"nvfp4": nvfp4, "fp8": _reference("fp8")}, tmp_path, "--op", "nvfp4",
@@ -334,8 +337,9 @@ def test_bench_rounds_time_every_row_again_and_report_their_median(fake_gpu_benc
     whole_row = ["pre-pass", "attention"] * 3
     assert nvfp4.calls == first + kernel_row + whole_row + whole_row + kernel_row
     assert "in 3 rounds" in out and "round 3/3 small flashinfer_h3 nvfp4" in out
-    # Both rows got the same offsets round by round: every per-round difference is 1 ms.
-    assert ("pre-pass and host work 1.000 ms (20% of the call); round by round 1.000 to 1.000 ms"
+    assert kernel["round_ms"] == [KERNEL_MS + 1, KERNEL_MS + 2, KERNEL_MS]
+    # The medians differ by 1 ms; round by round the differences are 0, 1 and 2 ms.
+    assert ("pre-pass and host work 1.000 ms (20% of the call); round by round 0.000 to 2.000 ms"
             in out)
     assert "gpu" not in kernel  # no nvidia-smi here
 
