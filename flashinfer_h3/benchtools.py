@@ -219,14 +219,14 @@ def parse_build_flags(spec: str, op: str | None = None) -> dict[str, int]:
             raise ValueError(f"flag {key!r} given twice in {spec!r}")
         flags[key] = int(value)
     if op is not None:
-        from .jit import KernelConfig
-
         if op not in HOPPER_MODULES:
             raise ValueError(f"no Hopper module for op {op!r}; expected one of "
                              f"{', '.join(HOPPER_MODULES)}")
+        from .jit import KernelConfig
         from .jit.spec import module_flags
 
-        module_flags(KernelConfig(HOPPER_MODULES[op][0], arch="sm_90a", flags=flags))  # the level
+        # KernelConfig refuses a flag the module does not take; module_flags checks the level.
+        module_flags(KernelConfig(HOPPER_MODULES[op][0], arch="sm_90a", flags=flags))
     return flags
 
 

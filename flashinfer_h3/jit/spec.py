@@ -198,9 +198,6 @@ def cuda_flags(arch: str) -> list[str]:
     ]
 
 
-#: The KernelConfig flag that overrides a module's ptxas register usage level (jit/modules.py).
-
-
 def module_flags(config: KernelConfig) -> list[str]:
     """The nvcc flags of one configuration beyond :func:`cuda_flags`: its ptxas register usage
     level (the ``register_usage_level`` flag, else the module's; none when both are unset)."""
