@@ -14,12 +14,15 @@ warps 1-3 of the producer warpgroup, production until 2026-12-06, instead of a w
 ``delta_wgmma_regs=True`` (that warpgroup's wgmma with the K rows in registers through ldmatrix
 instead of read from shared memory), ``wide_consumers=False`` (the consumers at 200 registers and
 the delta warpgroup at 72 instead of 216 and 40), ``kv_copies=False`` (as FP8's, below),
-``k_stages`` / ``v_stages`` (the K and V ring depths). FP8 builds: ``tile_keys`` (256, production,
-or 128 keys a KV tile), ``poly_exp2_every`` (every n-th exponential of each 128-key half on the FMA
-pipe; production 64, 0 = none), ``stages`` (the K/V ring depth); with 128-key tiles only:
-``softmax=False`` (S packed as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions
-and registers); ``kv_copies=False`` (K and V copied into each ring slot once, later tiles reuse it:
-what their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
+``k_stages`` / ``v_stages`` (the K and V ring depths), ``shared_space=True`` (the kernel's
+shared-memory accesses as LDS / STS instead of generic LD / ST), ``poly_exp2_every`` (every n-th
+of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none). FP8 builds:
+``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
+exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
+K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o_update=False``
+(no ``O = alpha O + Otmp``: its instructions and registers); ``kv_copies=False`` (K and V
+copied into each ring slot once, later tiles reuse it: what their way from L2 costs, energy
+included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
@@ -109,6 +112,10 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "largest shared-memory carveout": {"smem_carveout": 100},
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
         "benchmark build: K and V copied once per ring slot": {"kv_copies": False},
+        "shared-memory accesses as LDS / STS (not generic LD / ST)": {"shared_space": True},
+        "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
+        "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
+        "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},

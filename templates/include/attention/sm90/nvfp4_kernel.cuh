@@ -107,6 +107,11 @@ enum Nvfp4Variant : int {
   // With kDeltaWgmmaSmemA: the delta warpgroup at 40 registers, the consumers at 216. Off
   // (benchmark build wide_consumers=False, production until 2026-12-06): 72 and 200.
   kWideConsumers = 4096,
+  // Not in production (a benchmark build adds it): the storage reached as shared memory
+  // (aligned_shared_storage), so the kernel's C++ accesses to it (the P-scale tables, the delta
+  // buffer's writes, the item slot) are LDS / STS rather than generic LD / ST, and the consumers'
+  // delta loads are ld.shared on one 32-bit base with immediate offsets.
+  kSharedSpace = 8192,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -317,14 +322,26 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
 }
 
 // A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e]. Through
-// an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer).
+// an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer); with
+// kShared, ld.shared on the base's 32-bit shared address (generic loads otherwise: the base is
+// opaque).
+template <bool kShared>
 __device__ __forceinline__ void delta_as_scores(float (&s)[64], const float* delta, int quad_col) {
-  const float2* d = opaque_pointer(reinterpret_cast<const float2*>(delta + quad_col));
+  if constexpr (kShared) {
+    const uint32_t base = ptx::smem_addr(delta + quad_col);
+    static_for<16>([&](auto i) {
+      const float2 v = ptx::ld_shared_v2_f32<32 * decltype(i)::value>(base);
+      s[4 * i] = s[4 * i + 2] = v.x;
+      s[4 * i + 1] = s[4 * i + 3] = v.y;
+    });
+  } else {
+    const float2* d = opaque_pointer(reinterpret_cast<const float2*>(delta + quad_col));
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float2 v = d[4 * i];
-    s[4 * i] = s[4 * i + 2] = v.x;
-    s[4 * i + 1] = s[4 * i + 3] = v.y;
+    for (int i = 0; i < 16; ++i) {
+      const float2 v = d[4 * i];
+      s[4 * i] = s[4 * i + 2] = v.x;
+      s[4 * i + 1] = s[4 * i + 3] = v.y;
+    }
   }
 }
 
@@ -339,11 +356,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[64], const Nvfp4RowState& s
 
 // The delta of the tile of `slot` as the initial scores; then the warp hands the delta buffer
 // back to the delta warpgroup (or warps).
-template <class Smem>
+template <bool kShared, class Smem>
 __device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
   const int stage = slot.stage<Smem::kKStages>();
   ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
-  delta_as_scores(s, sm.delta[stage], quad_col);
+  delta_as_scores<kShared>(s, sm.delta[stage], quad_col);
   // Every lane releases its own loads (as every delta lane publishes its own writes): the
   // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
   // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
@@ -369,7 +386,7 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
 
 // After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
-template <int kVariant, class Smem>
+template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
                                             Smem& sm, RingSlot& slot, bool last_tile, bool pv_done, float c) {
   ptx::fence_operands(s);
@@ -382,7 +399,7 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
     nvfp4_softmax_tile<(kVariant & kQuantizeP) != 0, (kVariant & kFastRounding) != 0, (kVariant & kFoldPScale) != 0,
-                       (kVariant & kF16Rounding) != 0>(
+                       (kVariant & kF16Rounding) != 0, 64, kPolyExp2Every>(
         s, pa, st, c, sm.recip, sm.p_fold);
   } else {
 #pragma unroll
@@ -414,7 +431,7 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
 // `consumer` (0 or 1) is a runtime value: one copy of this code serves both warpgroups, which
 // halves the kernel's instructions (two copies thrashed the instruction cache: "no instruction"
 // stalls, benchmarks/RESULTS.md).
-template <int kVariant, class Smem>
+template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
@@ -443,20 +460,20 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-    load_delta(s, sm, slot, quad_col);
+    load_delta<(kVariant & kSharedSpace) != 0>(s, sm, slot, quad_col);
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
-    after_gemms<kVariant>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
+    after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
-      load_delta(s, sm, slot, quad_col);
+      load_delta<(kVariant & kSharedSpace) != 0>(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
       issue_qk_when_ready(s, q_desc, sm, slot);
       turn.pass();
       ptx::wgmma_wait<0>();
-      after_gemms<kVariant>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
     turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
@@ -478,15 +495,17 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 // kVariant: kNvfp4Production, or fewer parts in benchmark-only builds (Nvfp4Variant); kKStages,
 // kVStages: the depths of the K (and delta) and V rings (dynamic shared memory:
 // nvfp4_smem_bytes<kKStages, kVStages, the delta warpgroup's builds>()); kWaitSleepNs: the producer
-// warpgroups' suspend-time hint.
+// warpgroups' suspend-time hint; kPolyExp2Every: every n-th exponential of a tile on the FMA pipe
+// (0, production: none; nvfp4_softmax.cuh).
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
-          uint32_t kWaitSleepNs = kProducerWaitSleepNs>
+          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
   using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
-  Smem& sm = aligned_storage<Smem>(dynamic_smem);
+  Smem& sm = (kVariant & kSharedSpace) != 0 ? aligned_shared_storage<Smem>(dynamic_smem)
+                                            : aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
   constexpr bool kWide = (kVariant & kWideConsumers) != 0;
@@ -516,7 +535,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
       produce_delta_wg<kVariant, kWaitSleepNs>(sm, p, static_cast<int>(threadIdx.x) - kWarpgroupThreads);
     } else {
       ptx::setmaxnreg_inc<kWide ? kNvfp4WideConsumerRegs : kNvfp4ConsumerRegs>();
-      consume<kVariant>(sm, p, warpgroup - 2);
+      consume<kVariant, kPolyExp2Every>(sm, p, warpgroup - 2);
     }
     return;
   }
@@ -529,7 +548,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     }
   } else {
     ptx::setmaxnreg_inc<kNvfp4ConsumerRegs>();
-    consume<kVariant>(sm, p, warpgroup - 1);
+    consume<kVariant, kPolyExp2Every>(sm, p, warpgroup - 1);
   }
 }
 

@@ -24,7 +24,7 @@ constexpr int kScaleCodes = 128;                        // UE4M3 codes 0x00..0x7
 
 // An entry of the P scales' fold table (nvfp4_softmax.cuh, kFoldPScale), per UE4M3 code: log2 s
 // and the row-sum weight s of a group with scale s; (0, 1) for s = 0 and the NaN code.
-struct PScaleFold {
+struct alignas(8) PScaleFold {  // one 8-byte load an entry
   float log2s;
   float weight;
 };

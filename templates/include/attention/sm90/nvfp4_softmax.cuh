@@ -31,7 +31,7 @@
 #include "../../numerics/group_quantize.cuh"
 #include "../../ptx/cvt.cuh"
 #include "../../ptx/math.cuh"
-#include "fp8_softmax.cuh"  // quad_max, quad_sum
+#include "fp8_softmax.cuh"  // quad_max, quad_sum, exp2_fma
 #include "nvfp4_shared_storage.cuh"  // PScaleFold
 
 namespace flashinfer_h3 {
@@ -135,6 +135,15 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[kN], uint32_t 
   }
 }
 
+// 2^x for exponential i of a tile: MUFU.EX2, or for every kEvery-th (kEvery > 0, benchmark
+// builds) the FMA-pipe polynomial, whose clamp at -125 gives a masked key 2^-125 instead of 0
+// (rn_e2m1 makes it a zero code; in the row sum it is below every rounding).
+template <int kEvery>
+__device__ __forceinline__ float tile_exp2(float x, int i) {
+  if (kEvery > 0 && i % kEvery == kEvery - 1) return exp2_fma(x);
+  return ptx::ex2_approx(x);
+}
+
 // The maximum of one group's 16 scores (a tree: the scale waits on it).
 template <int kN>
 __device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
@@ -157,7 +166,10 @@ __device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
 //
 // kN: the fragment's accumulator registers, 64 (a 128-key tile: two 64-key windows) or 32 (a
 // 64-key tile: one window, so one group a row and no second group maximum to merge).
-template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN>
+// kPolyExp2Every (benchmark builds; 0 in production): every n-th of the kN exponentials runs on
+// the FMA pipe (fp8_softmax.cuh exp2_fma, relative error 7.6e-5, below FP16's rounding of y),
+// as the FP8 kernel does with 2 in 128.
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN, int kPolyExp2Every = 0>
 __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa)[kN / 2], Nvfp4RowState& st,
                                                    float c, const float* recip_table, const PScaleFold* fold_table) {
   static_assert(kN == 64 || kN == 32, "a 64 x 128 or 64 x 64 accumulator fragment");
@@ -198,7 +210,7 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int w = i >> 5, r = (i >> 1) & 1;
-      s[i] = ptx::ex2_approx(fmaf(s[i], c, -scale[w][r].bias));  // y = Ptil / s; -inf (masked) -> 0
+      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -scale[w][r].bias), i);  // y = Ptil / s; -inf (masked) -> 0
       ysum[w][r] += s[i];
     }
 #pragma unroll
@@ -215,7 +227,7 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int r = (i >> 1) & 1;
-      s[i] = ptx::ex2_approx(fmaf(s[i], c, -bias[r]));  // -inf (masked) -> 0
+      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -bias[r]), i);  // -inf (masked) -> 0
       lsum[r][i & 1] += s[i];
     }
 #pragma unroll
