@@ -10,6 +10,8 @@ Built through the JIT (no GPU needed; nvcc and cuobjdump are), read back from th
 - no local memory at all (no stack, no spills, no LDL/STL), the roles' register split,
   512 threads, the shared memory within Hopper's 227 KB;
 - the delta loads on immediate offsets, and no wgmma serialised;
+- the benchmark builds: the delta forms, ``shared_space`` (no generic loads or stores),
+  ``poly_exp2_every`` (exponentials off MUFU);
 - the module's pre-pass is the FP16 one (quantize_nvfp4_fp16: its two tile kernels and its
   reduce, no local memory, 2 CTAs an SM), with no codes pre-pass and no expansion kernels.
 
@@ -207,6 +209,30 @@ def test_delta_benchmark_builds() -> None:
     assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP\d, 0xc8\b", sass)
     sass, _, _ = builds["delta"]
     assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
+
+
+def test_shared_space_and_poly_exp2_builds(so: Path) -> None:
+    """Two benchmark builds, without local memory and with production's 32 FP16 wgmmas:
+    ``shared_space=True`` reaches the storage as shared memory, so the kernel has no generic
+    load or store at all (production: the delta loads, the P-scale table and the delta and item
+    writes are generic LD / ST) and its delta loads are 8-byte LDS on immediate offsets;
+    ``poly_exp2_every=32`` takes 2 of a tile's 64 exponentials a thread off MUFU, in both of the
+    consumer's softmax copies (the first tile's and the loop's)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(so, KERNEL)
+    assert re.search(r"\bLD\.E", production) and re.search(r"\bST\.E", production)
+    shared = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                            flags={"shared_space": True})))
+    poly = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                          flags={"poly_exp2_every": 32})))
+    for build in (shared, poly):
+        bt.assert_no_local_memory(build, KERNEL)
+        assert len(re.findall(re.escape(HGMMA) + " ", bt.sass(build, KERNEL))) == 4 * 8
+    sass = bt.sass(shared, KERNEL)
+    assert not re.search(r"\b(LD|ST)\.E", sass)
+    assert len(re.findall(r"\bLDS\.64 R\d+, \[R\d+\+0x", sass)) >= 2 * 16
+    assert bt.sass(poly, KERNEL).count("MUFU.EX2") == production.count("MUFU.EX2") - 2 * 2
 
 
 @pytest.mark.parametrize("flags", [
