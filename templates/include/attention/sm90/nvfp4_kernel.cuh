@@ -110,7 +110,9 @@ enum Nvfp4Variant : int {
   // Not in production (a benchmark build adds it): the storage reached as shared memory
   // (aligned_shared_storage), so the kernel's C++ accesses to it (the P-scale tables, the delta
   // buffer's writes, the item slot) are LDS / STS rather than generic LD / ST, and the consumers'
-  // delta loads are ld.shared on one 32-bit base with immediate offsets.
+  // delta loads are ld.shared on one 32-bit base with immediate offsets. Measured 1.7-4.9 %
+  // slower on an H100 (ptxas allocates the consumers' registers otherwise: 1.2 % more
+  // instructions, 1.9 % more cycles at one clock; benchmarks/RESULTS.md, twenty-eighth session).
   kSharedSpace = 8192,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,

@@ -168,7 +168,8 @@ __device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
 // 64-key tile: one window, so one group a row and no second group maximum to merge).
 // kPolyExp2Every (benchmark builds; 0 in production): every n-th of the kN exponentials runs on
 // the FMA pipe (fp8_softmax.cuh exp2_fma, relative error 7.6e-5, below FP16's rounding of y),
-// as the FP8 kernel does with 2 in 128.
+// as the FP8 kernel does with 2 in 128. Here MUFU is not the binding unit (XU 31 %): 1 or 2 in
+// 64 measured 1.9-5.4 % slower on an H100 (benchmarks/RESULTS.md, twenty-eighth session).
 template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN, int kPolyExp2Every = 0>
 __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa)[kN / 2], Nvfp4RowState& st,
                                                    float c, const float* recip_table, const PScaleFold* fold_table) {
