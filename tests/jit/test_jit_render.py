@@ -267,6 +267,16 @@ def test_flags_order_does_not_matter() -> None:
             {"wide_consumers": False},
             ["& ~fh3::sm90::kWideConsumers;"],
         ),
+        (
+            "nvfp4_wgmma",
+            {},
+            ["kPolyExp2Every = 0;"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"shared_space": True, "poly_exp2_every": 32},
+            ["| fh3::sm90::kSharedSpace;", "kPolyExp2Every = 32;"],
+        ),
     ],
 )
 def test_benchmark_flags_reach_the_hopper_bindings(

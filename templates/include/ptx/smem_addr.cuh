@@ -35,8 +35,8 @@ __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
   return v;
 }
 // Two floats at a shared-state-space address plus a compile-time byte offset (the same sections,
-// .v2 .f32, the address operand [reg+imm]): one LDS.64 with an immediate offset, whatever the
-// compiler knows of the address.
+// .v2 .f32; the address operand [reg+imm], 6.4.1 "Addresses as Operands"): one LDS.64 with an
+// immediate offset, whatever the compiler knows of the address.
 template <int kOffset>
 __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
   float2 v;

@@ -211,7 +211,8 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int w = i >> 5, r = (i >> 1) & 1;
-      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -scale[w][r].bias), i);  // y = Ptil / s; -inf (masked) -> 0
+      // y = Ptil / s; -inf (masked) -> 0 (2^-125 on a polynomial element: tile_exp2)
+      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -scale[w][r].bias), i);
       ysum[w][r] += s[i];
     }
 #pragma unroll
@@ -228,7 +229,7 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int r = (i >> 1) & 1;
-      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -bias[r]), i);  // -inf (masked) -> 0
+      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -bias[r]), i);  // -inf (masked) -> 0 (or 2^-125)
       lsum[r][i & 1] += s[i];
     }
 #pragma unroll
