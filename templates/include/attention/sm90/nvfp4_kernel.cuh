@@ -327,7 +327,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
 // an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer); with
 // kShared, ld.shared on the base's 32-bit shared address (generic loads otherwise: the base is
 // opaque).
-template <bool kShared>
+template <bool kShared = false>
 __device__ __forceinline__ void delta_as_scores(float (&s)[64], const float* delta, int quad_col) {
   if constexpr (kShared) {
     const uint32_t base = ptx::smem_addr(delta + quad_col);
