@@ -114,6 +114,9 @@ enum Nvfp4Variant : int {
   // slower on an H100 (ptxas allocates the consumers' registers otherwise: 1.2 % more
   // instructions, 1.9 % more cycles at one clock; benchmarks/RESULTS.md, twenty-eighth session).
   kSharedSpace = 8192,
+  // Not in production (a benchmark build adds it): only the consumers' delta loads as ld.shared on
+  // immediate offsets (the storage still reached through an integer, every other access generic).
+  kSharedDeltaLoads = 16384,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -462,14 +465,14 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-    load_delta<(kVariant & kSharedSpace) != 0>(s, sm, slot, quad_col);
+    load_delta<(kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0>(s, sm, slot, quad_col);
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
     after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
-      load_delta<(kVariant & kSharedSpace) != 0>(s, sm, slot, quad_col);
+      load_delta<(kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0>(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
       issue_qk_when_ready(s, q_desc, sm, slot);
