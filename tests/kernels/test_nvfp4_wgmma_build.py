@@ -211,13 +211,14 @@ def test_delta_benchmark_builds() -> None:
     assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
 
 
-def test_shared_space_and_poly_exp2_builds(so: Path) -> None:
+def test_shared_space_delta_loads_and_poly_exp2_builds(so: Path) -> None:
     """Two benchmark builds, without local memory and with production's 32 FP16 wgmmas:
     ``shared_space=True`` reaches the storage as shared memory, so the kernel has no generic
     load or store at all (production: the delta loads, the P-scale table and the delta and item
     writes are generic LD / ST) and its delta loads are 8-byte LDS on immediate offsets;
     ``poly_exp2_every=32`` takes 2 of a tile's 64 exponentials a thread off MUFU, in both of the
-    consumer's softmax copies (the first tile's and the loop's)."""
+    consumer's softmax copies (the first tile's and the loop's); ``shared_delta_loads=True``
+    turns only the 2 x 16 delta loads into LDS."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = bt.sass(so, KERNEL)
@@ -235,6 +236,14 @@ def test_shared_space_and_poly_exp2_builds(so: Path) -> None:
     # phase and loop) on immediate offsets 0x28000 + 32 i.
     assert len(re.findall(r"\bLDS\.64 R\d+, \[R\d+\+0x28[01][0-9a-f]0\]", sass)) == 2 * 16
     assert bt.sass(poly, KERNEL).count("MUFU.EX2") == production.count("MUFU.EX2") - 2 * 2
+    # shared_delta_loads=True: the delta loads alone on LDS, the rest of the storage generic.
+    delta_lds = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                               flags={"shared_delta_loads": True})))
+    bt.assert_no_local_memory(delta_lds, KERNEL)
+    sass = bt.sass(delta_lds, KERNEL)
+    assert len(re.findall(r"\bLDS\.64 R\d+, \[R\d+\+0x28[01][0-9a-f]0\]", sass)) == 2 * 16
+    generic_64 = r"\bLD\.E\.64\b"
+    assert len(re.findall(generic_64, sass)) == len(re.findall(generic_64, production)) - 2 * 16
 
 
 @pytest.mark.parametrize("flags", [
