@@ -116,6 +116,8 @@ enum Nvfp4Variant : int {
   kSharedSpace = 8192,
   // Not in production (a benchmark build adds it): only the consumers' delta loads as ld.shared on
   // immediate offsets (the storage still reached through an integer, every other access generic).
+  // Measured 1.4-2.1 % slower on an H100 (ptxas reschedules the tile loop around the loads;
+  // benchmarks/RESULTS.md, twenty-ninth session).
   kSharedDeltaLoads = 16384,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
