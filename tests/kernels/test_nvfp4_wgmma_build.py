@@ -234,14 +234,15 @@ def test_shared_space_delta_loads_and_poly_exp2_builds(so: Path) -> None:
     assert not re.search(r"\b(LD|ST)\.E", sass)
     # The delta buffer sits at 0x28000 + 512 stage in the storage: its 16 loads a tile (first
     # phase and loop) on immediate offsets 0x28000 + 32 i.
-    assert len(re.findall(r"\bLDS\.64 R\d+, \[R\d+\+0x28[01][0-9a-f]0\]", sass)) == 2 * 16
+    delta_loads = r"\bLDS\.64 R\d+, \[R\d+\+0x28[01][0-9a-f]0\]"
+    assert len(re.findall(delta_loads, sass)) == 2 * 16
     assert bt.sass(poly, KERNEL).count("MUFU.EX2") == production.count("MUFU.EX2") - 2 * 2
     # shared_delta_loads=True: the delta loads alone on LDS, the rest of the storage generic.
     delta_lds = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
                                                flags={"shared_delta_loads": True})))
     bt.assert_no_local_memory(delta_lds, KERNEL)
     sass = bt.sass(delta_lds, KERNEL)
-    assert len(re.findall(r"\bLDS\.64 R\d+, \[R\d+\+0x28[01][0-9a-f]0\]", sass)) == 2 * 16
+    assert len(re.findall(delta_loads, sass)) == 2 * 16
     generic_64 = r"\bLD\.E\.64\b"
     assert len(re.findall(generic_64, sass)) == len(re.findall(generic_64, production)) - 2 * 16
 

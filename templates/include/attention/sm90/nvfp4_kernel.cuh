@@ -440,6 +440,7 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
 // stalls, benchmarks/RESULTS.md).
 template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
+  constexpr bool kSharedDelta = (kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0;  // load_delta's form
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
@@ -467,14 +468,14 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-    load_delta<(kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0>(s, sm, slot, quad_col);
+    load_delta<kSharedDelta>(s, sm, slot, quad_col);
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
     after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
-      load_delta<(kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0>(s, sm, slot, quad_col);
+      load_delta<kSharedDelta>(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
       issue_qk_when_ready(s, q_desc, sm, slot);
