@@ -16,7 +16,9 @@ instead of read from shared memory), ``wide_consumers=False`` (the consumers at 
 the delta warpgroup at 72 instead of 216 and 40), ``kv_copies=False`` (as FP8's, below),
 ``k_stages`` / ``v_stages`` (the K and V ring depths), ``shared_space=True`` (the kernel's
 shared-memory accesses as LDS / STS instead of generic LD / ST; ``shared_delta_loads=True``: the
-consumers' delta loads alone), ``poly_exp2_every`` (every n-th
+consumers' delta loads alone), ``delta_table=True`` (every (query block, K tile) pair's delta
+from a table that a kernel of its own writes first, its time included; no delta warpgroup),
+``poly_exp2_every`` (every n-th
 of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
@@ -115,6 +117,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "benchmark build: K and V copied once per ring slot": {"kv_copies": False},
         "shared-memory accesses as LDS / STS (not generic LD / ST)": {"shared_space": True},
         "the delta loads alone as LDS (the rest generic)": {"shared_delta_loads": True},
+        "delta table (its own kernel first, in the time; 3 warpgroups)": {"delta_table": True},
+        "delta table, consumers at 232 registers":
+            {"delta_table": True, "table_consumer_regs": 232},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

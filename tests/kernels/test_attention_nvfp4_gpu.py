@@ -171,9 +171,15 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
         v, t = prep.views, prep.tables
         used = build_host_plan(prep.bounds).vkey_start[-1]
         fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
-        module.attention_nvfp4_wgmma(out, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
-                                     t["qblock_start"], t["qblocks"], v["item_counter"], scale,
-                                     used)
+        attention, extra = module.attention_nvfp4_wgmma, ()
+        if hasattr(module, "attention_nvfp4_wgmma_delta_table"):  # the delta_table build
+            from flashinfer_h3.backends import delta_table_attention, delta_table_buffers
+
+            attention = delta_table_attention(module)
+            extra = delta_table_buffers(build_host_plan(prep.bounds).qblock_start, prep.heads,
+                                        out.device)
+        attention(out, *extra, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
+                  t["qblock_start"], t["qblocks"], v["item_counter"], scale, used)
     else:
         module.attention_nvfp4(out, *prep.kernel_args(), scale)
     return out

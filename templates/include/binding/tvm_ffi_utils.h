@@ -6,7 +6,7 @@
 // message that starts with the argument's name, e.g. "k_codes must start on a 16-byte boundary".
 //
 // API (namespace flashinfer_h3::binding; keep it small and stable, other bindings include it):
-//   kU8, kI32, kF32, kBF16                      DLDataType constants
+//   kU8, kI32, kI64, kF32, kBF16                     DLDataType constants
 //   check_tensor(t, name, dtype, ndim, device)  CUDA, on `device` (when not null), dtype, rank,
 //                                               contiguous
 //   check_shape(t, name, {dims})                the exact shape (rank included)
@@ -35,6 +35,7 @@ using tvm::ffi::TensorView;
 
 inline constexpr DLDataType kU8{kDLUInt, 8, 1};
 inline constexpr DLDataType kI32{kDLInt, 32, 1};
+inline constexpr DLDataType kI64{kDLInt, 64, 1};
 inline constexpr DLDataType kF32{kDLFloat, 32, 1};
 inline constexpr DLDataType kF16{kDLFloat, 16, 1};
 inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
@@ -46,6 +47,7 @@ inline bool same_dtype(DLDataType a, DLDataType b) {
 inline const char* dtype_name(DLDataType d) {
   if (same_dtype(d, kU8)) return "uint8";
   if (same_dtype(d, kI32)) return "int32";
+  if (same_dtype(d, kI64)) return "int64";
   if (same_dtype(d, kF32)) return "float32";
   if (same_dtype(d, kF16)) return "float16";
   if (same_dtype(d, kBF16)) return "bfloat16";

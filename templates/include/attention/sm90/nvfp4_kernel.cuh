@@ -42,6 +42,7 @@
 #include "../../ptx/wgmma.cuh"
 #include "fragment_coords.cuh"
 #include "nvfp4_delta.cuh"
+#include "nvfp4_delta_table.cuh"  // kDeltaRowBytes
 #include "nvfp4_shared_storage.cuh"
 #include "nvfp4_softmax.cuh"
 #include "tile_scheduler.cuh"
@@ -119,6 +120,11 @@ enum Nvfp4Variant : int {
   // Measured 1.4-2.1 % slower on an H100 (ptxas reschedules the tile loop around the loads;
   // benchmarks/RESULTS.md, twenty-ninth session).
   kSharedDeltaLoads = 16384,
+  // Not in production (a benchmark build): the delta of every (query block, K tile) pair read from
+  // a table that nvfp4_delta_table_kernel wrote before the launch (nvfp4_delta_table.cuh), copied
+  // by the TMA thread into the tile's delta buffer with the K tile (on its k_full barrier), instead
+  // of computed per tile by a delta warpgroup: 3 warpgroups (TMA, two consumers).
+  kDeltaTable = 32768,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -127,6 +133,12 @@ template <int kVariant>
 constexpr int nvfp4_threads() {
   return (kVariant & kDeltaOnWgmma) != 0 ? (2 + kConsumers) * kWarpgroupThreads : kThreads;
 }
+// The delta_table build (kDeltaTable): the TMA warpgroup keeps kNvfp4TmaRegs, the consumers get
+// kTableConsumerRegs (the kernel's parameter: production's 216 by default, at most the 232 that
+// the 168 a thread of a 384-thread launch leave them).
+constexpr uint32_t kNvfp4TableConsumerRegsMax = 232;
+static_assert((kNvfp4TmaRegs + kNvfp4TableConsumerRegsMax * kConsumers) * kWarpgroupThreads <= 168 * kThreads,
+              "the delta_table build's consumers' registers must come from the TMA warpgroup's");
 
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
@@ -142,6 +154,10 @@ struct Nvfp4Params {
   __nv_bfloat16* out;  // [T, H, 128]
   int* item_counter;   // the dynamic item order's counter, zero at launch (tile_scheduler.cuh)
   float c;             // fp32(softmax_scale) * fp32(log2 e)
+  // kDeltaTable builds: the table (nvfp4_delta_table.cuh), its segments' offsets and a head's size.
+  const float* delta_table;
+  const int64_t* delta_start;
+  int64_t delta_head_floats;
 };
 
 // ---- producer warpgroup --------------------------------------------------------------------
@@ -150,9 +166,12 @@ struct Nvfp4Params {
 // producer warpgroups' waits (0: plain polling; ptx::mbarrier_wait_suspend).
 // The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
 // kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
-template <uint32_t kWaitSleepNs, bool kCopyKv, class Smem>
+// kTable (kDeltaTable builds): each K tile's delta row from `delta_row` (the item's row of the
+// table) into the tile's delta buffer, completing on the K tile's barrier.
+template <uint32_t kWaitSleepNs, bool kCopyKv, bool kTable, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
+                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot,
+                                             const float* delta_row) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
   ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
   ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
@@ -167,7 +186,8 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
       ptx::mbarrier_arrive(&sm.v_full[vs]);
       continue;
     }
-    ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
+    ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes + (kTable ? kDeltaRowBytes : 0u));
+    if constexpr (kTable) ptx::bulk_load(sm.delta[ks], delta_row + t * kTileKeys, kDeltaRowBytes, &sm.k_full[ks]);
     ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
     ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
@@ -179,7 +199,14 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer.
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, class Smem>
+// The item's row of the delta table (kDeltaTable builds).
+__device__ __forceinline__ const float* delta_table_row(const Nvfp4Params& p, const WorkItem& it) {
+  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  return p.delta_table + it.head * p.delta_head_floats + __ldg(p.delta_start + it.segment) +
+         static_cast<int64_t>(it.canonical - it.kblock0) * tiles * kTileKeys;
+}
+
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
@@ -188,7 +215,8 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
     for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, it, slot);
+      produce_item<kWaitSleepNs, kCopyKv, kTable>(sm, tm_q, tm_k, tm_v, it, slot,
+                                                  kTable ? delta_table_row(p, it) : nullptr);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -199,7 +227,9 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
-      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, work_item(p.plan, w), slot);
+      const WorkItem it = work_item(p.plan, w);
+      produce_item<kWaitSleepNs, kCopyKv, kTable>(sm, tm_q, tm_k, tm_v, it, slot,
+                                                  kTable ? delta_table_row(p, it) : nullptr);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
   }
@@ -363,11 +393,14 @@ __device__ __forceinline__ void rescale_o(float (&o)[64], const Nvfp4RowState& s
 
 // The delta of the tile of `slot` as the initial scores; then the warp hands the delta buffer
 // back to the delta warpgroup (or warps).
-template <bool kShared, class Smem>
+// kTable (kDeltaTable builds): the delta came with the K tile (k_full); the K tile's release
+// (k_empty, after the QK^T that follows these loads) frees it.
+template <bool kShared, bool kTable, class Smem>
 __device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
   const int stage = slot.stage<Smem::kKStages>();
-  ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
+  ptx::mbarrier_wait(kTable ? &sm.k_full[stage] : &sm.delta_full[stage], slot.parity<Smem::kKStages>());
   delta_as_scores<kShared>(s, sm.delta[stage], quad_col);
+  if constexpr (kTable) return;
   // Every lane releases its own loads (as every delta lane publishes its own writes): the
   // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
   // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
@@ -441,6 +474,7 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
 template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
   constexpr bool kSharedDelta = (kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0;  // load_delta's form
+  constexpr bool kTable = (kVariant & kDeltaTable) != 0;
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
@@ -468,14 +502,14 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-    load_delta<kSharedDelta>(s, sm, slot, quad_col);
+    load_delta<kSharedDelta, kTable>(s, sm, slot, quad_col);
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
     ptx::wgmma_wait<0>();
     after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
-      load_delta<kSharedDelta>(s, sm, slot, quad_col);
+      load_delta<kSharedDelta, kTable>(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
       issue_pv_when_ready(o, pa, sm, slot);
       issue_qk_when_ready(s, q_desc, sm, slot);
@@ -506,7 +540,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 // warpgroups' suspend-time hint; kPolyExp2Every: every n-th exponential of a tile on the FMA pipe
 // (0, production: none; nvfp4_softmax.cuh).
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
-          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0>
+          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0,
+          uint32_t kTableConsumerRegs = kNvfp4WideConsumerRegs>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
@@ -516,12 +551,15 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                                             : aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
+  constexpr bool kTable = (kVariant & kDeltaTable) != 0;
+  static_assert(!(kTable && kDeltaWg), "the delta table replaces the delta warpgroup");
+  static_assert(!kTable || (kVariant & kCopyKvTiles) != 0, "delta_table: with every K tile copied");
   constexpr bool kWide = (kVariant & kWideConsumers) != 0;
   static_assert((kVariant & (kDeltaWgmmaSmemA | kWideConsumers)) == 0 || kDeltaWg,
                 "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
   static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
   if (threadIdx.x == 0) {
-    init_barriers<kDeltaWg>(sm);
+    init_barriers<kDeltaWg, kTable>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
@@ -531,12 +569,24 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     fill_p_scale_table<(kVariant & kFoldPScale) != 0 && (kVariant & kQuantizeP) != 0>(threadIdx.x, sm.recip, sm.p_fold);
   }
   __syncthreads();
+  constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0, kCopyKv = (kVariant & kCopyKvTiles) != 0;
+  if constexpr (kTable) {
+    if (warpgroup == 0) {
+      ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
+      if (threadIdx.x == 0) produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true>(sm, &tm_q, &tm_k, &tm_v, p);
+    } else {
+      static_assert(kTableConsumerRegs <= kNvfp4TableConsumerRegsMax && kTableConsumerRegs % 8 == 0,
+                    "delta_table consumers: a multiple of 8 registers, at most 232");
+      ptx::setmaxnreg_inc<kTableConsumerRegs>();
+      consume<kVariant, kPolyExp2Every>(sm, p, warpgroup - 1);
+    }
+    return;
+  }
   if constexpr (kDeltaWg) {
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k,
-                                                                                                     &tm_v, p);
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
@@ -550,7 +600,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs, (kVariant & kDynamicOrder) != 0, (kVariant & kCopyKvTiles) != 0>(sm, &tm_q, &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }

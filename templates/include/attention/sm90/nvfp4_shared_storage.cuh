@@ -91,15 +91,17 @@ constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 // warps; each of its four warps releases a K tile once its reads are done (its wgmmas' completion,
 // or its ldmatrix in the RS build), and every one of its threads publishes its own delta writes
 // and reads the item.
-template <bool kDeltaWg = false, int kKDepth, int kVDepth>
+// kTable (the delta_table build): no delta warps; the delta comes with the K tile.
+template <bool kDeltaWg = false, bool kTable = false, int kKDepth, int kVDepth>
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
-  constexpr uint32_t kDeltaReaders = kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
+  constexpr uint32_t kDeltaReaders = kTable ? 0u : kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
+  constexpr uint32_t kDeltaReleases = kTable ? 0u : kDeltaWg ? kWarpgroupThreads / 32 : kDeltaWarps;
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
-    ptx::mbarrier_init(&s.k_empty[i], kConsumers + (kDeltaWg ? kWarpgroupThreads / 32 : kDeltaWarps));
-    ptx::mbarrier_init(&s.delta_full[i], kDeltaReaders);
+    ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaReleases);
+    ptx::mbarrier_init(&s.delta_full[i], kTable ? 1u : kDeltaReaders);
     ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
   }
   for (int i = 0; i < kVDepth; ++i) {

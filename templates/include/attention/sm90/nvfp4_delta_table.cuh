@@ -1,0 +1,165 @@
+// The delta table of the NVFP4 Hopper kernel's delta_table build: delta_j = qbar_b . Khat_j (SPEC
+// 3.4) for every (query block b, key position j) pair of each segment, computed once per call by
+// a kernel of its own after the pre-pass; the attention kernel's TMA thread then copies each
+// tile's 128 values with the K tile (ptx::bulk_load), so no warpgroup of the attention kernel
+// computes them.
+//
+// Why: inside the attention kernel the delta of a K tile is recomputed for every query block
+// that reads the tile, as wgmma m64n8k16 whose 2 KB A operand (the K rows) holds the tensor pipe
+// ~16 cycles an instruction for 2 useful columns of 8 (nvfp4_delta.cuh); the delta=False build
+// measured that at 4-6 % of the kernel. Here the same products are a GEMM with the K tile as A
+// and the qbar parts of four blocks as the eight B columns (every column used), and the table
+// costs one write of 4 bytes a (block, position) pair: 128 n_s^2 floats a segment and head.
+//
+// Table layout (flashinfer_h3 delta_table_offsets): per head, the blocks of every segment in the
+// canonical block order, each a row of its segment's n_s * 128 positions (n_s = the segment's
+// 128-key tiles = its query blocks; positions in the window key order of the K' rows). Block b of
+// segment s starts at delta_start[s] + (b - qblock_start[s]) * n_s * 128, head h at
+// h * delta_start[S]; delta_start[s] = 128 * sum over s' < s of n_s'^2. Positions past the
+// segment's keys hold -inf (the mask), as the delta warpgroup writes them.
+//
+// Exactness: the same products and order as the delta warpgroup's (nvfp4_delta.cuh): qbar of a
+// block times 2^k (its largest |qbar| into [2^14, 2^15)) as FP16 hi and lo parts, the eight k16
+// steps accumulated in FP32 from zero in order, delta = (hi column + lo column) * 2^-k. Its
+// values are those of the mma.sync form (tile_delta), which the attention kernel's builds match
+// bit for bit.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../../ptx/mma_sync.cuh"
+#include "nvfp4_delta.cuh"
+#include "nvfp4_key_order.cuh"
+#include "shared_storage.cuh"  // kHeadDim, kTileKeys
+
+namespace flashinfer_h3 {
+namespace sm90 {
+
+constexpr int kDeltaTableWarps = 4;  // a CTA: 4 warps, 32 positions (two m16 blocks) each
+constexpr int kDeltaTableThreads = 32 * kDeltaTableWarps;
+constexpr uint32_t kDeltaRowBytes = kTileKeys * sizeof(float);  // one tile's delta row
+static_assert(kDeltaTableWarps * 32 == kTileKeys, "the CTA's warps cover the tile's positions");
+
+struct DeltaTableParams {
+  const __half* k_f16;          // [H, V, 128]: K' rows in the window key order (the pre-pass's)
+  const float* qbar;            // [q_blocks_cap, H, 128], canonical block order
+  float* table;                 // [H, delta_start[S]]
+  const int32_t* seg_bounds;    // [S + 1]
+  const int32_t* vkey_start;    // [S + 1]
+  const int32_t* qblock_start;  // [S + 1]
+  const int64_t* delta_start;   // [S + 1]
+  int segments;
+  int heads;
+  int64_t vkeys_cap;  // V: k_f16's rows a head
+};
+
+// The segment whose canonical blocks (= tiles) contain `b`: the last s with qblock_start[s] <= b
+// (a binary search; empty segments own no block and are skipped by the <=).
+__device__ __forceinline__ int segment_of_block(const int32_t* qblock_start, int segments, int b) {
+  int lo = 0, hi = segments - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(qblock_start + mid) <= b) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One K tile (canonical tile index blockIdx.x) of one head (blockIdx.y) against every query block
+// of its segment, four blocks at a time. Warp w: positions 32w .. 32w + 31 of the tile, i.e. m16
+// blocks 2w and 2w + 1, whose A fragments (8 k16 steps) it loads once; lane 4g + t then builds the
+// B fragment of column g (block g / 2 of the four, hi for even g and lo for odd) and stores the
+// deltas of block t (accumulator columns 2t, 2t + 1) for positions g and g + 8 of its m16 blocks.
+// (A template, so that only the modules that launch it compile it.)
+template <int kThreadsPerCta = kDeltaTableThreads>
+__global__ void __launch_bounds__(kThreadsPerCta) nvfp4_delta_table_kernel(const DeltaTableParams p) {
+  static_assert(kThreadsPerCta == kDeltaTableThreads, "four warps a CTA");
+  const int tile = blockIdx.x, head = blockIdx.y;
+  const int seg = segment_of_block(p.qblock_start, p.segments, tile);
+  const int block0 = __ldg(p.qblock_start + seg), blocks = __ldg(p.qblock_start + seg + 1) - block0;
+  const int t_local = tile - block0;
+  const int valid = __ldg(p.seg_bounds + seg + 1) - __ldg(p.seg_bounds + seg) - kTileKeys * t_local;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+
+  // A fragments (row.col m16k16, PTX ISA 9.7.14.5.8): a0 row g, channels 2t, 2t + 1 of the step;
+  // a1 row g + 8; a2, a3 the same rows, channels + 8.
+  // Rows past k_f16's end (a segment's last tile of the last head) read as zero; rows past the
+  // segment's keys are masked whatever they hold.
+  const int64_t pos0 = __ldg(p.vkey_start + seg) + static_cast<int64_t>(kTileKeys) * t_local + 32 * warp;
+  const __half* rows = p.k_f16 + (static_cast<int64_t>(head) * p.vkeys_cap + pos0) * kHeadDim;
+  uint32_t a[2][8][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = 16 * m + g + 8 * (j & 1), ch = 16 * kk + 2 * t + 8 * (j >> 1);
+        a[m][kk][j] = pos0 + row < p.vkeys_cap
+                          ? __ldg(reinterpret_cast<const uint32_t*>(rows + row * kHeadDim + ch))
+                          : 0u;
+      }
+    }
+  }
+
+  const int64_t row_len = static_cast<int64_t>(blocks) * kTileKeys;
+  float* table = p.table + static_cast<int64_t>(head) * __ldg(p.delta_start + p.segments) +
+                 __ldg(p.delta_start + seg) + static_cast<int64_t>(kTileKeys) * t_local;
+  for (int base = 0; base < blocks; base += 4) {
+    // Column g: block base + g / 2 (zero past the segment's blocks), part g % 2.
+    const int col_block = base + (g >> 1);
+    uint32_t b0[8], b1[8];
+    // (Every lane runs the quad shuffles: a column past the blocks loads zeros.)
+    const bool present = col_block < blocks;
+    const float* qb = p.qbar + (static_cast<int64_t>(block0 + (present ? col_block : 0)) * p.heads + head) * kHeadDim +
+                      2 * t;
+    float2 x[8][2];
+    float amax = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        x[kk][h] = present ? __ldg(reinterpret_cast<const float2*>(qb + 16 * kk + 8 * h)) : make_float2(0.0f, 0.0f);
+        amax = fmaxf(amax, fmaxf(fabsf(x[kk][h].x), fabsf(x[kk][h].y)));
+      }
+    }
+    // The quad's lanes hold the block's 128 channels (qbar_lane_values's maximum, in another order).
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+    const int k = min(max(141 - biased, -126), 126);
+    const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
+    const float unscale_mine = qbar_unscale(k);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t hi[2], lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) qbar_fp16_parts(x[kk][h].x * scale, x[kk][h].y * scale, hi[h], lo[h]);
+      b0[kk] = (g & 1) ? lo[0] : hi[0];
+      b1[kk] = (g & 1) ? lo[1] : hi[1];
+    }
+    // Block base + t's 2^-k, from lane 8t (g = 2t: its column's block is base + t).
+    const float unscale = __shfl_sync(0xffffffffu, unscale_mine, 8 * t);
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) ptx::mma_m16n8k16_f16(acc[m], a[m][kk], b0[kk], b1[kk]);
+    }
+    if (base + t < blocks) {
+      float* out = table + (base + t) * row_len + 32 * warp;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int pos = 16 * m + g + 8 * r;
+          out[pos] = masked_delta((acc[m][2 * r] + acc[m][2 * r + 1]) * unscale, 32 * warp + pos, valid);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashinfer_h3
