@@ -39,6 +39,7 @@ from flashinfer_h3.jit.load import load_so
 TABLE_BUILDS = {
     "delta table, consumers at 216 registers": {"delta_table": True},
     "delta table, consumers at 232 registers": {"delta_table": True, "table_consumer_regs": 232},
+    "delta table from prepared qbar parts": {"delta_table": 2},
 }
 
 
@@ -60,11 +61,13 @@ def table_parts(flags: dict[str, Any], ko: Any) -> tuple[Fn, Fn, int]:
     _, qbar, _, k_f16, _, counter = ko.views
     q_f16, v_f16 = ko.views[2], ko.views[4]
     seg_bounds, vkey_start, qblock_start, qblocks = ko.plan.args
-    table, start = delta_table_buffers(ko.plan.host.qblock_start, ko.q.shape[1], ko.q.device)
+    table, start, parts = delta_table_buffers(ko.plan.host.qblock_start, ko.q.shape[1],
+                                              ko.q.device)
     used = ko.plan.host.vkey_start[-1]
 
     def fill() -> None:
-        module.nvfp4_delta_table(table, start, qbar, k_f16, seg_bounds, vkey_start, qblock_start)
+        module.nvfp4_delta_table(table, start, parts, qbar, k_f16, seg_bounds, vkey_start,
+                                 qblock_start)
 
     def attend() -> None:
         module.attention_nvfp4_wgmma_delta_table(ko.out, table, start, qbar, q_f16, k_f16, v_f16,

@@ -120,6 +120,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "delta table (its own kernel first, in the time; 3 warpgroups)": {"delta_table": True},
         "delta table, consumers at 232 registers":
             {"delta_table": True, "table_consumer_regs": 232},
+        "delta table from prepared qbar parts": {"delta_table": 2},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

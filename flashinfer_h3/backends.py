@@ -541,29 +541,32 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
 
 
 def delta_table_buffers(qblock_start: Sequence[int], heads: int,
-                        device: Any) -> tuple[Tensor, Tensor]:
-    """The delta table of the NVFP4 kernel's ``delta_table=True`` benchmark build
+                        device: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The delta table of the NVFP4 kernel's ``delta_table`` benchmark builds
     (``attention/sm90/nvfp4_delta_table.cuh``) for a plan whose canonical blocks start at
-    ``qblock_start`` (host values): an uninitialised float32 ``[heads, delta_start[S]]`` and the
-    segments' offsets ``delta_start`` (int64 ``[S + 1]``, ``128 * sum n_s^2`` before segment s)."""
+    ``qblock_start`` (host values): an uninitialised float32 ``[heads, delta_start[S]]``, the
+    segments' offsets ``delta_start`` (int64 ``[S + 1]``, ``128 * sum n_s^2`` before segment s)
+    and the table kernel's scratch (float32 ``[blocks, heads, 132]``: each pair's prepared qbar
+    parts in the ``delta_table=2`` build)."""
     import torch
 
     starts = [0]
     for a, b in zip(qblock_start[:-1], qblock_start[1:], strict=True):
         starts.append(starts[-1] + 128 * (b - a) ** 2)
     table = torch.empty((heads, starts[-1]), dtype=torch.float32, device=device)
-    return table, torch.tensor(starts, dtype=torch.int64, device=device)
+    parts = torch.empty((max(qblock_start[-1], 1), heads, 132), dtype=torch.float32, device=device)
+    return table, torch.tensor(starts, dtype=torch.int64, device=device), parts
 
 
 def delta_table_attention(module: Any) -> Callable[..., None]:
     """The attention entry of a ``delta_table=True`` build, with production's argument order after
-    the table's two: the table kernel, then the kernel that reads it."""
+    the table's three: the table kernel, then the kernel that reads it."""
 
-    def attention(out: Tensor, table: Tensor, delta_start: Tensor, qbar: Tensor, q_f16: Tensor,
-                  k_f16: Tensor, v_f16: Tensor, seg_bounds: Tensor, vkey_start: Tensor,
-                  qblock_start: Tensor, qblocks: Tensor, counter: Tensor, scale: float,
-                  vkeys_used: int) -> None:
-        module.nvfp4_delta_table(table, delta_start, qbar, k_f16, seg_bounds, vkey_start,
+    def attention(out: Tensor, table: Tensor, delta_start: Tensor, parts: Tensor, qbar: Tensor,
+                  q_f16: Tensor, k_f16: Tensor, v_f16: Tensor, seg_bounds: Tensor,
+                  vkey_start: Tensor, qblock_start: Tensor, qblocks: Tensor, counter: Tensor,
+                  scale: float, vkeys_used: int) -> None:
+        module.nvfp4_delta_table(table, delta_start, parts, qbar, k_f16, seg_bounds, vkey_start,
                                  qblock_start)
         module.attention_nvfp4_wgmma_delta_table(out, table, delta_start, qbar, q_f16, k_f16, v_f16,
                                                  seg_bounds, vkey_start, qblock_start, qblocks,

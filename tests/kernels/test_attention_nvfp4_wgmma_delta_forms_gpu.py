@@ -64,8 +64,9 @@ def _build(flags: dict[str, Any]) -> Any:
     {"shared_delta_loads": True},
     {"poly_exp2_every": 32},
     {"delta_table": True},
+    {"delta_table": 2},
 ], ids=["mma_sync", "wgmma_regs", "static", "narrow", "shared_space", "shared_delta_loads",
-        "poly_exp2", "delta_table"])
+        "poly_exp2", "delta_table", "delta_table_parts"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 

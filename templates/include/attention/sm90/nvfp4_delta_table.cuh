@@ -42,9 +42,15 @@ constexpr int kDeltaTableThreads = 32 * kDeltaTableWarps;
 constexpr uint32_t kDeltaRowBytes = kTileKeys * sizeof(float);  // one tile's delta row
 static_assert(kDeltaTableWarps * 32 == kTileKeys, "the CTA's warps cover the tile's positions");
 
+// kPrepared form (delta_table=2): each (block, head)'s B fragments, prepared once by
+// nvfp4_qbar_parts_kernel as 132 words: [0, 64) the hi parts and [64, 128) the lo parts, lane
+// quarter t's 16 words (b0, b1 of k16 steps 0..7 in turn) at 16 t; word 128 its 2^-k.
+constexpr int kQbarPartsWords = 132;
+
 struct DeltaTableParams {
   const __half* k_f16;          // [H, V, 128]: K' rows in the window key order (the pre-pass's)
   const float* qbar;            // [q_blocks_cap, H, 128], canonical block order
+  uint32_t* parts;              // [q_blocks_cap, H, kQbarPartsWords] (kPrepared)
   float* table;                 // [H, delta_start[S]]
   const int32_t* seg_bounds;    // [S + 1]
   const int32_t* vkey_start;    // [S + 1]
@@ -71,10 +77,11 @@ __device__ __forceinline__ int segment_of_block(const int32_t* qblock_start, int
 // blocks 2w and 2w + 1, whose A fragments (8 k16 steps) it loads once; lane 4g + t then builds the
 // B fragment of column g (block g / 2 of the four, hi for even g and lo for odd) and stores the
 // deltas of block t (accumulator columns 2t, 2t + 1) for positions g and g + 8 of its m16 blocks.
-// (A template, so that only the modules that launch it compile it.)
-template <int kThreadsPerCta = kDeltaTableThreads>
-__global__ void __launch_bounds__(kThreadsPerCta) nvfp4_delta_table_kernel(const DeltaTableParams p) {
-  static_assert(kThreadsPerCta == kDeltaTableThreads, "four warps a CTA");
+// kPrepared: the B fragments and 2^-k read from nvfp4_qbar_parts_kernel's words (four 16-byte
+// loads a lane) instead of computed from qbar by every lane that needs them. (Templates, so that
+// only the modules that launch them compile them.)
+template <bool kPrepared>
+__global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_delta_table_kernel(const DeltaTableParams p) {
   const int tile = blockIdx.x, head = blockIdx.y;
   const int seg = segment_of_block(p.qblock_start, p.segments, tile);
   const int block0 = __ldg(p.qblock_start + seg), blocks = __ldg(p.qblock_start + seg + 1) - block0;
@@ -110,37 +117,61 @@ __global__ void __launch_bounds__(kThreadsPerCta) nvfp4_delta_table_kernel(const
     // Column g: block base + g / 2 (zero past the segment's blocks), part g % 2.
     const int col_block = base + (g >> 1);
     uint32_t b0[8], b1[8];
-    // (Every lane runs the quad shuffles: a column past the blocks loads zeros.)
-    const bool present = col_block < blocks;
-    const float* qb = p.qbar + (static_cast<int64_t>(block0 + (present ? col_block : 0)) * p.heads + head) * kHeadDim +
-                      2 * t;
-    float2 x[8][2];
-    float amax = 0.0f;
+    float unscale;
+    if constexpr (kPrepared) {
+      if (col_block < blocks) {
+        const uint4* src = reinterpret_cast<const uint4*>(
+            p.parts + (static_cast<int64_t>(block0 + col_block) * p.heads + head) * kQbarPartsWords + 64 * (g & 1) +
+            16 * t);
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+        for (int j = 0; j < 4; ++j) {
+          const uint4 w = __ldg(src + j);
+          b0[2 * j] = w.x;
+          b1[2 * j] = w.y;
+          b0[2 * j + 1] = w.z;
+          b1[2 * j + 1] = w.w;
+        }
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        x[kk][h] = present ? __ldg(reinterpret_cast<const float2*>(qb + 16 * kk + 8 * h)) : make_float2(0.0f, 0.0f);
-        amax = fmaxf(amax, fmaxf(fabsf(x[kk][h].x), fabsf(x[kk][h].y)));
+        for (int kk = 0; kk < 8; ++kk) b0[kk] = b1[kk] = 0u;
       }
-    }
-    // The quad's lanes hold the block's 128 channels (qbar_lane_values's maximum, in another order).
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
-    const int k = min(max(141 - biased, -126), 126);
-    const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
-    const float unscale_mine = qbar_unscale(k);
+      // This lane stores block base + t.
+      unscale = base + t < blocks
+                    ? __uint_as_float(__ldg(p.parts + (static_cast<int64_t>(block0 + base + t) * p.heads + head) *
+                                                          kQbarPartsWords + 128))
+                    : 1.0f;
+    } else {
+      // (Every lane runs the quad shuffles: a column past the blocks loads zeros.)
+      const bool present = col_block < blocks;
+      const float* qb = p.qbar + (static_cast<int64_t>(block0 + (present ? col_block : 0)) * p.heads + head) *
+                                     kHeadDim + 2 * t;
+      float2 x[8][2];
+      float amax = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t hi[2], lo[2];
+      for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) qbar_fp16_parts(x[kk][h].x * scale, x[kk][h].y * scale, hi[h], lo[h]);
-      b0[kk] = (g & 1) ? lo[0] : hi[0];
-      b1[kk] = (g & 1) ? lo[1] : hi[1];
+        for (int h = 0; h < 2; ++h) {
+          x[kk][h] = present ? __ldg(reinterpret_cast<const float2*>(qb + 16 * kk + 8 * h)) : make_float2(0.0f, 0.0f);
+          amax = fmaxf(amax, fmaxf(fabsf(x[kk][h].x), fabsf(x[kk][h].y)));
+        }
+      }
+      // The quad's lanes hold the block's 128 channels (qbar_lane_values's maximum, in another order).
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+      const int k = min(max(141 - biased, -126), 126);
+      const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t hi[2], lo[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qbar_fp16_parts(x[kk][h].x * scale, x[kk][h].y * scale, hi[h], lo[h]);
+        b0[kk] = (g & 1) ? lo[0] : hi[0];
+        b1[kk] = (g & 1) ? lo[1] : hi[1];
+      }
+      // Block base + t's 2^-k, from lane 8t (g = 2t: its column's block is base + t).
+      unscale = __shfl_sync(0xffffffffu, qbar_unscale(k), 8 * t);
     }
-    // Block base + t's 2^-k, from lane 8t (g = 2t: its column's block is base + t).
-    const float unscale = __shfl_sync(0xffffffffu, unscale_mine, 8 * t);
     float acc[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
@@ -159,6 +190,30 @@ __global__ void __launch_bounds__(kThreadsPerCta) nvfp4_delta_table_kernel(const
       }
     }
   }
+}
+
+// The B fragments of every (block, head) for the kPrepared table kernel: one warp a pair, lane l
+// with channels 4l .. 4l + 3 (qbar_lane_values: the same 2^k as the delta warpgroup's), each
+// channel pair's hi and lo word written where its lane quarter t and k16 step read it.
+template <bool kUnused = true>
+__global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_qbar_parts_kernel(const float* __restrict__ qbar,
+                                                                              uint32_t* __restrict__ parts,
+                                                                              int64_t pairs) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kDeltaTableWarps + threadIdx.x / 32;
+  if (pair >= pairs) return;  // warp-uniform
+  const int lane = threadIdx.x % 32;
+  const QbarLaneValues v = qbar_lane_values(qbar + pair * kHeadDim, lane);
+  uint32_t* out = parts + pair * kQbarPartsWords;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int c = 4 * lane + 2 * q;  // channels c, c + 1 = 16 kk + 8 hh + 2 t
+    const int kk = c >> 4, hh = (c >> 3) & 1, t = (c >> 1) & 3;
+    uint32_t hi, lo;
+    qbar_fp16_parts(v.x[2 * q], v.x[2 * q + 1], hi, lo);
+    out[16 * t + 2 * kk + hh] = hi;
+    out[64 + 16 * t + 2 * kk + hh] = lo;
+  }
+  if (lane == 0) out[128] = __float_as_uint(qbar_unscale(v.k));
 }
 
 }  // namespace sm90
