@@ -83,6 +83,7 @@ __device__ __forceinline__ int segment_of_block(const int32_t* qblock_start, int
 template <bool kPrepared>
 __global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_delta_table_kernel(const DeltaTableParams p) {
   const int tile = blockIdx.x, head = blockIdx.y;
+  if (tile >= __ldg(p.qblock_start + p.segments)) return;  // the grid covers qbar's capacity
   const int seg = segment_of_block(p.qblock_start, p.segments, tile);
   const int block0 = __ldg(p.qblock_start + seg), blocks = __ldg(p.qblock_start + seg + 1) - block0;
   const int t_local = tile - block0;
