@@ -7,7 +7,8 @@ Rows (median of CUDA-event timings over ``--rounds`` rounds, each timing every r
 ``--warmup-ms`` of untimed calls; SM clock and board power sampled meanwhile):
 
 - production: the attention kernel alone (its pre-pass ran once before);
-- per table build (consumers at 216 and 232 registers): the table kernel and the attention kernel
+- per table build (the TMA thread prefetching the delta rows to L2 some tiles ahead, or not): the
+  table kernels (qbar's parts, then the table) and the attention kernel
   (what the build's ``attention_only`` runs), the table kernel alone, the attention kernel alone
   on the table;
 - the pre-pass alone (production's), for the whole call's arithmetic.
@@ -37,9 +38,9 @@ from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 
 TABLE_BUILDS = {
-    "delta table, consumers at 216 registers": {"delta_table": True},
-    "delta table, consumers at 232 registers": {"delta_table": True, "table_consumer_regs": 232},
-    "delta table from prepared qbar parts": {"delta_table": 2},
+    "delta table": {"delta_table": True},
+    "delta table, rows prefetched 8 tiles ahead": {"delta_table": True, "table_prefetch": 8},
+    "delta table, rows prefetched 32 tiles ahead": {"delta_table": True, "table_prefetch": 32},
 }
 
 

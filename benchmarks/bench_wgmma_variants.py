@@ -118,9 +118,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "shared-memory accesses as LDS / STS (not generic LD / ST)": {"shared_space": True},
         "the delta loads alone as LDS (the rest generic)": {"shared_delta_loads": True},
         "delta table (its own kernel first, in the time; 3 warpgroups)": {"delta_table": True},
-        "delta table, consumers at 232 registers":
-            {"delta_table": True, "table_consumer_regs": 232},
-        "delta table from prepared qbar parts": {"delta_table": 2},
+        "delta table, rows prefetched to L2 8 tiles ahead":
+            {"delta_table": True, "table_prefetch": 8},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

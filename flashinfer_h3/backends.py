@@ -542,12 +542,12 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
 
 def delta_table_buffers(qblock_start: Sequence[int], heads: int,
                         device: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """The delta table of the NVFP4 kernel's ``delta_table`` benchmark builds
+    """The delta table of the NVFP4 kernel's ``delta_table=True`` benchmark builds
     (``attention/sm90/nvfp4_delta_table.cuh``) for a plan whose canonical blocks start at
     ``qblock_start`` (host values): an uninitialised float32 ``[heads, delta_start[S]]``, the
     segments' offsets ``delta_start`` (int64 ``[S + 1]``, ``128 * sum n_s^2`` before segment s)
-    and the table kernel's scratch (float32 ``[blocks, heads, 132]``: each pair's prepared qbar
-    parts in the ``delta_table=2`` build)."""
+    and the table kernel's scratch (float32 ``[blocks, heads, 132]``: each pair's qbar parts as
+    B fragments)."""
     import torch
 
     starts = [0]

@@ -137,7 +137,7 @@ register_module(ModuleDef(
         "f16_rounding",
         "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong", "poly_exp2_every",
         "quantize_p", "row_divisor", "shared_delta_loads", "shared_space", "smem_carveout",
-        "softmax", "table_consumer_regs", "v_stages", "wait_sleep_ns", "wide_consumers"),
+        "softmax", "table_prefetch", "v_stages", "wait_sleep_ns", "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

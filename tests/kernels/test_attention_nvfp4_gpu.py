@@ -176,8 +176,10 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
             from flashinfer_h3.backends import delta_table_attention, delta_table_buffers
 
             attention = delta_table_attention(module)
-            extra = delta_table_buffers(build_host_plan(prep.bounds).qblock_start, prep.heads,
-                                        out.device)
+            if not hasattr(prep, "delta_table"):  # made once, outside any graph capture
+                prep.delta_table = delta_table_buffers(  # type: ignore[attr-defined]
+                    build_host_plan(prep.bounds).qblock_start, prep.heads, out.device)
+            extra = prep.delta_table  # type: ignore[attr-defined]
         attention(out, *extra, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
                   t["qblock_start"], t["qblocks"], v["item_counter"], scale, used)
     else:

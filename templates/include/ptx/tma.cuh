@@ -53,5 +53,12 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// cp.async.bulk.prefetch.L2.global (PTX ISA 9.7.9.25.4.3, "cp.async.bulk.prefetch"): `bytes`
+// (a multiple of 16) from global `src` (16-byte aligned) into L2, no completion to wait for.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
+               : "memory");
+}
+
 }  // namespace ptx
 }  // namespace flashinfer_h3

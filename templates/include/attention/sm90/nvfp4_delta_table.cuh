@@ -42,15 +42,14 @@ constexpr int kDeltaTableThreads = 32 * kDeltaTableWarps;
 constexpr uint32_t kDeltaRowBytes = kTileKeys * sizeof(float);  // one tile's delta row
 static_assert(kDeltaTableWarps * 32 == kTileKeys, "the CTA's warps cover the tile's positions");
 
-// kPrepared form (delta_table=2): each (block, head)'s B fragments, prepared once by
-// nvfp4_qbar_parts_kernel as 132 words: [0, 64) the hi parts and [64, 128) the lo parts, lane
+// Each (block, head)'s B fragments, prepared once by nvfp4_qbar_parts_kernel as 132 words: [0, 64) the hi parts and [64, 128) the lo parts, lane
 // quarter t's 16 words (b0, b1 of k16 steps 0..7 in turn) at 16 t; word 128 its 2^-k.
 constexpr int kQbarPartsWords = 132;
 
 struct DeltaTableParams {
   const __half* k_f16;          // [H, V, 128]: K' rows in the window key order (the pre-pass's)
   const float* qbar;            // [q_blocks_cap, H, 128], canonical block order
-  uint32_t* parts;              // [q_blocks_cap, H, kQbarPartsWords] (kPrepared)
+  uint32_t* parts;              // [the plan's blocks, H, kQbarPartsWords]: nvfp4_qbar_parts_kernel's
   float* table;                 // [H, delta_start[S]]
   const int32_t* seg_bounds;    // [S + 1]
   const int32_t* vkey_start;    // [S + 1]
@@ -72,15 +71,48 @@ __device__ __forceinline__ int segment_of_block(const int32_t* qblock_start, int
   return lo;
 }
 
+// The B fragments of four blocks (one group; the eight columns) for lane (g, t): column g is block
+// base + g / 2, its hi (even g) or lo part (odd g), from nvfp4_qbar_parts_kernel's words (zero past
+// the segment's blocks); and the 2^-k of block base + t, the block whose deltas this lane stores.
+struct GroupOperand {
+  uint32_t b0[8], b1[8];
+  float unscale;
+};
+
+__device__ __forceinline__ GroupOperand load_group(const DeltaTableParams& p, int block0, int blocks, int head,
+                                                   int base, int g, int t) {
+  GroupOperand op;
+  const int col_block = base + (g >> 1);
+  if (col_block < blocks) {
+    const uint4* src = reinterpret_cast<const uint4*>(
+        p.parts + (static_cast<int64_t>(block0 + col_block) * p.heads + head) * kQbarPartsWords + 64 * (g & 1) + 16 * t);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 w = __ldg(src + j);
+      op.b0[2 * j] = w.x;
+      op.b1[2 * j] = w.y;
+      op.b0[2 * j + 1] = w.z;
+      op.b1[2 * j + 1] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) op.b0[kk] = op.b1[kk] = 0u;
+  }
+  op.unscale = base + t < blocks ? __uint_as_float(__ldg(p.parts + (static_cast<int64_t>(block0 + base + t) * p.heads +
+                                                                    head) * kQbarPartsWords + 128))
+                                 : 1.0f;
+  return op;
+}
+
 // One K tile (canonical tile index blockIdx.x) of one head (blockIdx.y) against every query block
-// of its segment, four blocks at a time. Warp w: positions 32w .. 32w + 31 of the tile, i.e. m16
-// blocks 2w and 2w + 1, whose A fragments (8 k16 steps) it loads once; lane 4g + t then builds the
-// B fragment of column g (block g / 2 of the four, hi for even g and lo for odd) and stores the
-// deltas of block t (accumulator columns 2t, 2t + 1) for positions g and g + 8 of its m16 blocks.
-// kPrepared: the B fragments and 2^-k read from nvfp4_qbar_parts_kernel's words (four 16-byte
-// loads a lane) instead of computed from qbar by every lane that needs them. (Templates, so that
-// only the modules that launch them compile them.)
-template <bool kPrepared>
+// of its segment, four blocks (a group) at a time. Warp w: positions 32w .. 32w + 31 of the tile,
+// m16 blocks 2w and 2w + 1, whose A fragments (8 k16 steps) it loads once; lane 4g + t stores the
+// deltas of block t of the group (accumulator columns 2t, 2t + 1) at positions g and g + 8 of its
+// m16 blocks. The warp runs two groups at once (four accumulation chains; each chain's eight k16
+// steps stay in order, so the values are the delta warpgroup's) and loads the next two groups'
+// operands before their products (the loads' L2 latency hidden behind them).
+// (Templates, so that only the modules that launch them compile them.)
+template <bool kUnused = true>
 __global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_delta_table_kernel(const DeltaTableParams p) {
   const int tile = blockIdx.x, head = blockIdx.y;
   if (tile >= __ldg(p.qblock_start + p.segments)) return;  // the grid covers qbar's capacity
@@ -91,9 +123,8 @@ __global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_delta_table_kernel(c
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
 
   // A fragments (row.col m16k16, PTX ISA 9.7.14.5.8): a0 row g, channels 2t, 2t + 1 of the step;
-  // a1 row g + 8; a2, a3 the same rows, channels + 8.
-  // Rows past k_f16's end (a segment's last tile of the last head) read as zero; rows past the
-  // segment's keys are masked whatever they hold.
+  // a1 row g + 8; a2, a3 the same rows, channels + 8. Rows past k_f16's end (a segment's last
+  // tile of the last head) read as zero; rows past the segment's keys are masked whatever they hold.
   const int64_t pos0 = __ldg(p.vkey_start + seg) + static_cast<int64_t>(kTileKeys) * t_local + 32 * warp;
   const __half* rows = p.k_f16 + (static_cast<int64_t>(head) * p.vkeys_cap + pos0) * kHeadDim;
   uint32_t a[2][8][4];
@@ -113,87 +144,42 @@ __global__ void __launch_bounds__(kDeltaTableThreads) nvfp4_delta_table_kernel(c
 
   const int64_t row_len = static_cast<int64_t>(blocks) * kTileKeys;
   float* table = p.table + static_cast<int64_t>(head) * __ldg(p.delta_start + p.segments) +
-                 __ldg(p.delta_start + seg) + static_cast<int64_t>(kTileKeys) * t_local;
-  for (int base = 0; base < blocks; base += 4) {
-    // Column g: block base + g / 2 (zero past the segment's blocks), part g % 2.
-    const int col_block = base + (g >> 1);
-    uint32_t b0[8], b1[8];
-    float unscale;
-    if constexpr (kPrepared) {
-      if (col_block < blocks) {
-        const uint4* src = reinterpret_cast<const uint4*>(
-            p.parts + (static_cast<int64_t>(block0 + col_block) * p.heads + head) * kQbarPartsWords + 64 * (g & 1) +
-            16 * t);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint4 w = __ldg(src + j);
-          b0[2 * j] = w.x;
-          b1[2 * j] = w.y;
-          b0[2 * j + 1] = w.z;
-          b1[2 * j + 1] = w.w;
-        }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) b0[kk] = b1[kk] = 0u;
-      }
-      // This lane stores block base + t.
-      unscale = base + t < blocks
-                    ? __uint_as_float(__ldg(p.parts + (static_cast<int64_t>(block0 + base + t) * p.heads + head) *
-                                                          kQbarPartsWords + 128))
-                    : 1.0f;
-    } else {
-      // (Every lane runs the quad shuffles: a column past the blocks loads zeros.)
-      const bool present = col_block < blocks;
-      const float* qb = p.qbar + (static_cast<int64_t>(block0 + (present ? col_block : 0)) * p.heads + head) *
-                                     kHeadDim + 2 * t;
-      float2 x[8][2];
-      float amax = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          x[kk][h] = present ? __ldg(reinterpret_cast<const float2*>(qb + 16 * kk + 8 * h)) : make_float2(0.0f, 0.0f);
-          amax = fmaxf(amax, fmaxf(fabsf(x[kk][h].x), fabsf(x[kk][h].y)));
-        }
-      }
-      // The quad's lanes hold the block's 128 channels (qbar_lane_values's maximum, in another order).
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
-      const int k = min(max(141 - biased, -126), 126);
-      const float scale = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        uint32_t hi[2], lo[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) qbar_fp16_parts(x[kk][h].x * scale, x[kk][h].y * scale, hi[h], lo[h]);
-        b0[kk] = (g & 1) ? lo[0] : hi[0];
-        b1[kk] = (g & 1) ? lo[1] : hi[1];
-      }
-      // Block base + t's 2^-k, from lane 8t (g = 2t: its column's block is base + t).
-      unscale = __shfl_sync(0xffffffffu, qbar_unscale(k), 8 * t);
+                 __ldg(p.delta_start + seg) + static_cast<int64_t>(kTileKeys) * t_local + 32 * warp;
+  GroupOperand next[2] = {load_group(p, block0, blocks, head, 0, g, t), load_group(p, block0, blocks, head, 4, g, t)};
+  for (int base = 0; base < blocks; base += 8) {
+    const GroupOperand cur[2] = {next[0], next[1]};
+    if (base + 8 < blocks) {
+      next[0] = load_group(p, block0, blocks, head, base + 8, g, t);
+      next[1] = load_group(p, block0, blocks, head, base + 12, g, t);
     }
-    float acc[2][4] = {};
+    float acc[2][2][4] = {};  // [group][m16 block]
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) ptx::mma_m16n8k16_f16(acc[m], a[m][kk], b0[kk], b1[kk]);
+      for (int q = 0; q < 2; ++q) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) ptx::mma_m16n8k16_f16(acc[q][m], a[m][kk], cur[q].b0[kk], cur[q].b1[kk]);
+      }
     }
-    if (base + t < blocks) {
-      float* out = table + (base + t) * row_len + 32 * warp;
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+    for (int q = 0; q < 2; ++q) {
+      const int block = base + 4 * q + t;
+      if (block < blocks) {
+        float* out = table + block * row_len;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int pos = 16 * m + g + 8 * r;
-          out[pos] = masked_delta((acc[m][2 * r] + acc[m][2 * r + 1]) * unscale, 32 * warp + pos, valid);
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int pos = 16 * m + g + 8 * r;
+            out[pos] = masked_delta((acc[q][m][2 * r] + acc[q][m][2 * r + 1]) * cur[q].unscale, 32 * warp + pos, valid);
+          }
         }
       }
     }
   }
 }
 
-// The B fragments of every (block, head) for the kPrepared table kernel: one warp a pair, lane l
+// The B fragments of every (block, head) for the table kernel: one warp a pair, lane l
 // with channels 4l .. 4l + 3 (qbar_lane_values: the same 2^k as the delta warpgroup's), each
 // channel pair's hi and lo word written where its lane quarter t and k16 step read it.
 template <bool kUnused = true>

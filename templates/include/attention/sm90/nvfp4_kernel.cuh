@@ -133,11 +133,9 @@ template <int kVariant>
 constexpr int nvfp4_threads() {
   return (kVariant & kDeltaOnWgmma) != 0 ? (2 + kConsumers) * kWarpgroupThreads : kThreads;
 }
-// The delta_table build (kDeltaTable): the TMA warpgroup keeps kNvfp4TmaRegs, the consumers get
-// kTableConsumerRegs (the kernel's parameter: production's 216 by default, at most the 232 that
-// the 168 a thread of a 384-thread launch leave them).
-constexpr uint32_t kNvfp4TableConsumerRegsMax = 232;
-static_assert((kNvfp4TmaRegs + kNvfp4TableConsumerRegsMax * kConsumers) * kWarpgroupThreads <= 168 * kThreads,
+// The delta_table build (kDeltaTable, 384 threads): the TMA warpgroup keeps kNvfp4TmaRegs, the
+// consumers get production's kNvfp4WideConsumerRegs (232 measured no faster, twenty-ninth session).
+static_assert((kNvfp4TmaRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <= 168 * kThreads,
               "the delta_table build's consumers' registers must come from the TMA warpgroup's");
 
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
@@ -168,7 +166,9 @@ struct Nvfp4Params {
 // kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
 // kTable (kDeltaTable builds): each K tile's delta row from `delta_row` (the item's row of the
 // table) into the tile's delta buffer, completing on the K tile's barrier.
-template <uint32_t kWaitSleepNs, bool kCopyKv, bool kTable, class Smem>
+// kPrefetch > 0 (kTable): the delta rows of the tiles kPrefetch ahead go to L2 first (the table
+// is read once, from DRAM).
+template <uint32_t kWaitSleepNs, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot,
                                              const float* delta_row) {
@@ -176,8 +176,14 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
   ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
   const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+  if constexpr (kTable && kPrefetch > 0) {
+    ptx::bulk_prefetch_l2(delta_row, static_cast<uint32_t>(min(tiles, kPrefetch)) * kDeltaRowBytes);
+  }
   for (int t = 0; t < tiles; ++t, ++slot.index) {
     const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
+    if constexpr (kTable && kPrefetch > 0) {
+      if (t + kPrefetch < tiles) ptx::bulk_prefetch_l2(delta_row + (t + kPrefetch) * kTileKeys, kDeltaRowBytes);
+    }
     const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
     if (!kCopyKv && slot.index >= (Smem::kKStages > Smem::kVStages ? Smem::kKStages : Smem::kVStages)) {
@@ -206,7 +212,7 @@ __device__ __forceinline__ const float* delta_table_row(const Nvfp4Params& p, co
          static_cast<int64_t>(it.canonical - it.kblock0) * tiles * kTileKeys;
 }
 
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, class Smem>
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
@@ -215,8 +221,8 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
     for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, kCopyKv, kTable>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                  kTable ? delta_table_row(p, it) : nullptr);
+      produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
+                                                             kTable ? delta_table_row(p, it) : nullptr);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -228,8 +234,8 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
         break;
       }
       const WorkItem it = work_item(p.plan, w);
-      produce_item<kWaitSleepNs, kCopyKv, kTable>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                  kTable ? delta_table_row(p, it) : nullptr);
+      produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
+                                                             kTable ? delta_table_row(p, it) : nullptr);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
   }
@@ -540,8 +546,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 // warpgroups' suspend-time hint; kPolyExp2Every: every n-th exponential of a tile on the FMA pipe
 // (0, production: none; nvfp4_softmax.cuh).
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
-          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0,
-          uint32_t kTableConsumerRegs = kNvfp4WideConsumerRegs>
+          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0, int kTablePrefetch = 0>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
@@ -573,11 +578,11 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   if constexpr (kTable) {
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
-      if (threadIdx.x == 0) produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true>(sm, &tm_q, &tm_k, &tm_v, p);
+      if (threadIdx.x == 0) {
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true, kTablePrefetch>(sm, &tm_q, &tm_k, &tm_v, p);
+      }
     } else {
-      static_assert(kTableConsumerRegs <= kNvfp4TableConsumerRegsMax && kTableConsumerRegs % 8 == 0,
-                    "delta_table consumers: a multiple of 8 registers, at most 232");
-      ptx::setmaxnreg_inc<kTableConsumerRegs>();
+      ptx::setmaxnreg_inc<kNvfp4WideConsumerRegs>();
       consume<kVariant, kPolyExp2Every>(sm, p, warpgroup - 1);
     }
     return;
