@@ -16,10 +16,11 @@ Rows (median of CUDA-event timings over ``--rounds`` rounds, each timing every r
 Each table build's output is compared with production's (the same products in the same order:
 identical, or the build is wrong), and the table's size is printed (4 bytes a (block, position)
 pair, per head). ``--check`` adds small packed shapes (empty, 1-token, 129, 4097-token and 17-token
-segments) compared the same way.
+segments) compared the same way; ``--delta-off`` adds the ``delta=False`` benchmark build's
+attention kernel (the delta warpgroup writes the mask only: what the products cost in place).
 
     python benchmarks/bench_delta_table.py [--preset h3-mix,h3-10s] [--iters 5] [--rounds 3]
-        [--warmup-ms 1000] [--check]
+        [--warmup-ms 1000] [--check] [--delta-off] [--builds SUBSTRING,...]
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def check_small() -> None:
 
 
 def run(preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: int,
-        warmup_ms: float) -> None:
+        warmup_ms: float, delta_off: bool = False, builds: str | None = None) -> None:
     q, k, v, bounds = inputs(lengths, heads)
     out = torch.empty_like(q)
     prod = kernel_only_build("nvfp4", {}, q, k, v, bounds, out)
@@ -111,7 +112,14 @@ def run(preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: i
     expected = prod.run().clone()
     rows: list[tuple[str, Callable[[], Any]]] = [("production: attention kernel", prod.run)]
     notes = []
+    if delta_off:
+        off = kernel_only_build("nvfp4", {"delta": False}, q, k, v, bounds, out)
+        off.prime()
+        off.run()
+        rows.append(("benchmark build delta=False (no delta products; not attention)", off.run))
     for name, flags in TABLE_BUILDS.items():
+        if builds and not any(part in name for part in builds.split(",")):
+            continue
         ko = kernel_only_build("nvfp4", flags, q, k, v, bounds, out)
         ko.prime()
         notes.append(compare(name, ko.run().clone(), expected))
@@ -153,11 +161,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup-ms", type=_non_negative_float, default=1000.0)
     ap.add_argument("--check", action="store_true", help="also compare on small packed shapes")
+    ap.add_argument("--delta-off", action="store_true",
+                    help="also time the delta=False benchmark build's attention kernel (no delta "
+                    "products, the mask only)")
+    ap.add_argument("--builds", default=None,
+                    help="only the table builds whose name contains one of these comma-separated "
+                    "substrings")
     args = ap.parse_args()
     if args.check:
         check_small()
     for name, lengths, heads in bench_shapes(args.preset, [], PRESETS):
-        run(name, lengths, heads, args.iters, args.rounds, args.warmup_ms)
+        run(name, lengths, heads, args.iters, args.rounds, args.warmup_ms, args.delta_off,
+            args.builds)
 
 
 if __name__ == "__main__":
