@@ -247,7 +247,38 @@ def test_shared_space_delta_loads_and_poly_exp2_builds(so: Path) -> None:
     assert len(re.findall(generic_64, sass)) == len(re.findall(generic_64, production)) - 2 * 16
 
 
+def test_delta_table_build() -> None:
+    """The ``delta_table=True`` benchmark build (measured and not kept, benchmarks/RESULTS.md,
+    thirtieth session): the attention kernel launches 384 threads (no delta warpgroup: no 64x8
+    wgmma, no mma.sync), keeps production's 32 consumer FP16 wgmmas, and its TMA thread copies
+    each tile's delta row with a plain bulk copy (``UBLKCP``; with ``table_prefetch`` also an L2
+    prefetch, ``UBLKPF.L2``); the table kernel is FP16 ``HMMA.16816.F32`` (16 a group pair, both
+    copies of the pipelined loop) and, with the qbar-parts kernel, has no local memory. (The
+    attention kernel's TMA thread, at 40 registers, keeps 4 bytes on the stack across items.)"""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    plain = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                           flags={"delta_table": True})))
+    fetch = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                           flags={"delta_table": True, "table_prefetch": 8})))
+    for so in (plain, fetch):
+        sass = bt.sass(so, KERNEL)
+        assert bt.max_threads(so, KERNEL)[0] == 384
+        assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+        assert "HGMMA.64x8x16" not in sass and "HMMA.16816" not in sass
+        assert "UBLKCP" in sass
+        assert ("UBLKPF.L2" in sass) == (so == fetch)
+        for kernel in ("nvfp4_delta_table_kernel", "nvfp4_qbar_parts_kernel"):
+            bt.assert_no_local_memory(so, kernel)
+        table = bt.sass(so, "nvfp4_delta_table_kernel")
+        assert len(re.findall(r"HMMA\.16816\.F32 ", table)) >= 2 * 8 * 2
+        module = bt.load(so)
+        assert hasattr(module, "nvfp4_delta_table")
+        assert hasattr(module, "attention_nvfp4_wgmma_delta_table")
+
+
 @pytest.mark.parametrize("flags", [
+    {"delta_table": True, "delta_mma_sync": True},
     {"delta_mma_sync": True, "delta_wgmma_regs": True},
     {"delta_mma_sync": True, "wide_consumers": True},
     {"delta_wgmma_regs": True, "wide_consumers": True},

@@ -16,8 +16,9 @@
 // slower than the consumers' GEMMs: benchmarks/RESULTS.md). The wgmma form is the same products
 // as 2 m64 blocks x 8 k16 steps, read by the tensor cores straight from shared memory: 1.3-2.3 %
 // less kernel time than the mma.sync form on the H100 (benchmarks/RESULTS.md, twenty-fifth
-// session). Either form costs the kernel ~6 % (the delta=False build): N = 8 products bound by
-// their 2 KB A operand hold the tensor pipe ~16 cycles each.
+// session). N = 8 products bound by their 2 KB A operand hold the tensor pipe ~16 cycles each;
+// the delta=False build measured 5.7-6.2 % faster in the twenty-fifth session and 1.9-2.0 % in
+// the thirtieth, and a precomputed table (nvfp4_delta_table.cuh) did not pay for itself.
 //
 // Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
 // hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the

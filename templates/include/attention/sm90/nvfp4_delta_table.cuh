@@ -4,12 +4,19 @@
 // tile's 128 values with the K tile (ptx::bulk_load), so no warpgroup of the attention kernel
 // computes them.
 //
-// Why: inside the attention kernel the delta of a K tile is recomputed for every query block
-// that reads the tile, as wgmma m64n8k16 whose 2 KB A operand (the K rows) holds the tensor pipe
-// ~16 cycles an instruction for 2 useful columns of 8 (nvfp4_delta.cuh); the delta=False build
-// measured that at 4-6 % of the kernel. Here the same products are a GEMM with the K tile as A
-// and the qbar parts of four blocks as the eight B columns (every column used), and the table
-// costs one write of 4 bytes a (block, position) pair: 128 n_s^2 floats a segment and head.
+// Why it was tried: inside the attention kernel the delta of a K tile is recomputed for every
+// query block that reads the tile, as wgmma m64n8k16 whose 2 KB A operand (the K rows) holds the
+// tensor pipe ~16 cycles an instruction for 2 useful columns of 8 (nvfp4_delta.cuh); the
+// delta=False build had measured that at 4-6 % of the kernel. Here the same products are a GEMM
+// with the K tile as A and the qbar parts of four blocks as the eight B columns (every column
+// used), and the table costs one write of 4 bytes a (block, position) pair: 128 n_s^2 floats a
+// segment and head (6.2 GiB at 61,440 tokens x 56 heads).
+//
+// Measured on an H100 (benchmarks/RESULTS.md, thirtieth session; bench_delta_table.py), not
+// kept: the attention kernel on the table -1.5 to -2.3 % at h3-mix and -0.6 to +0.3 % at h3-10s
+// against production (delta=False, no products at all: -2.0 and -1.9 %), the table kernels 2.2
+// and 5.7 ms: whole calls 1.7-1.9 % slower, for 2-6 GiB more memory. Outputs bit for bit
+// production's.
 //
 // Table layout (flashinfer_h3 delta_table_offsets): per head, the blocks of every segment in the
 // canonical block order, each a row of its segment's n_s * 128 positions (n_s = the segment's
@@ -45,6 +52,15 @@ static_assert(kDeltaTableWarps * 32 == kTileKeys, "the CTA's warps cover the til
 // Each (block, head)'s B fragments, prepared once by nvfp4_qbar_parts_kernel as 132 words: [0, 64) the hi parts and [64, 128) the lo parts, lane
 // quarter t's 16 words (b0, b1 of k16 steps 0..7 in turn) at 16 t; word 128 its 2^-k.
 constexpr int kQbarPartsWords = 132;
+
+// The attention kernel's view of the table (its kDeltaTable builds; a kernel parameter of its own,
+// after Nvfp4Params, so that production's parameters keep their offsets): the table, its
+// segments' offsets and a head's floats (delta_start[S]).
+struct DeltaTableRef {
+  const float* table;
+  const int64_t* start;
+  int64_t head_floats;
+};
 
 struct DeltaTableParams {
   const __half* k_f16;          // [H, V, 128]: K' rows in the window key order (the pre-pass's)

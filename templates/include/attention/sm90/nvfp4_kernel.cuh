@@ -123,7 +123,8 @@ enum Nvfp4Variant : int {
   // Not in production (a benchmark build): the delta of every (query block, K tile) pair read from
   // a table that nvfp4_delta_table_kernel wrote before the launch (nvfp4_delta_table.cuh), copied
   // by the TMA thread into the tile's delta buffer with the K tile (on its k_full barrier), instead
-  // of computed per tile by a delta warpgroup: 3 warpgroups (TMA, two consumers).
+  // of computed per tile by a delta warpgroup: 3 warpgroups (TMA, two consumers). Measured 1.7-1.9
+  // % slower a call with its table kernels (benchmarks/RESULTS.md, thirtieth session).
   kDeltaTable = 32768,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
@@ -152,10 +153,6 @@ struct Nvfp4Params {
   __nv_bfloat16* out;  // [T, H, 128]
   int* item_counter;   // the dynamic item order's counter, zero at launch (tile_scheduler.cuh)
   float c;             // fp32(softmax_scale) * fp32(log2 e)
-  // kDeltaTable builds: the table (nvfp4_delta_table.cuh), its segments' offsets and a head's size.
-  const float* delta_table;
-  const int64_t* delta_start;
-  int64_t delta_head_floats;
 };
 
 // ---- producer warpgroup --------------------------------------------------------------------
@@ -206,15 +203,16 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer.
 // The item's row of the delta table (kDeltaTable builds).
-__device__ __forceinline__ const float* delta_table_row(const Nvfp4Params& p, const WorkItem& it) {
+__device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt, const WorkItem& it) {
   const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-  return p.delta_table + it.head * p.delta_head_floats + __ldg(p.delta_start + it.segment) +
+  return dt.table + it.head * dt.head_floats + __ldg(dt.start + it.segment) +
          static_cast<int64_t>(it.canonical - it.kblock0) * tiles * kTileKeys;
 }
 
 template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_v, const Nvfp4Params& p) {
+                                              const CUtensorMap* tm_v, const Nvfp4Params& p,
+                                              const DeltaTableRef& dt) {
   RingSlot slot;
   uint32_t items = 0;
   if constexpr (!kDynamic) {
@@ -222,7 +220,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
       produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                             kTable ? delta_table_row(p, it) : nullptr);
+                                                             kTable ? delta_table_row(dt, it) : nullptr);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -235,7 +233,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       }
       const WorkItem it = work_item(p.plan, w);
       produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                             kTable ? delta_table_row(p, it) : nullptr);
+                                                             kTable ? delta_table_row(dt, it) : nullptr);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
     }
   }
@@ -549,7 +547,8 @@ template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStag
           uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0, int kTablePrefetch = 0>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                                 const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p) {
+                                 const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p,
+                                 const DeltaTableRef dt) {
   using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
   Smem& sm = (kVariant & kSharedSpace) != 0 ? aligned_shared_storage<Smem>(dynamic_smem)
@@ -579,7 +578,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true, kTablePrefetch>(sm, &tm_q, &tm_k, &tm_v, p);
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true, kTablePrefetch>(sm, &tm_q, &tm_k, &tm_v, p, dt);
       }
     } else {
       ptx::setmaxnreg_inc<kNvfp4WideConsumerRegs>();
@@ -591,7 +590,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p);
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p, dt);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
@@ -605,7 +604,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p);
+      produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p, dt);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }
