@@ -135,7 +135,7 @@ constexpr int nvfp4_threads() {
   return (kVariant & kDeltaOnWgmma) != 0 ? (2 + kConsumers) * kWarpgroupThreads : kThreads;
 }
 // The delta_table build (kDeltaTable, 384 threads): the TMA warpgroup keeps kNvfp4TmaRegs, the
-// consumers get production's kNvfp4WideConsumerRegs (232 measured no faster, twenty-ninth session).
+// consumers get production's kNvfp4WideConsumerRegs (232 measured no faster, thirtieth session).
 static_assert((kNvfp4TmaRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <= 168 * kThreads,
               "the delta_table build's consumers' registers must come from the TMA warpgroup's");
 
@@ -200,8 +200,6 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
-// The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
-// (tile_scheduler.cuh), as the FP8 kernel's producer.
 // The item's row of the delta table (kDeltaTable builds).
 __device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt, const WorkItem& it) {
   const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
@@ -209,6 +207,8 @@ __device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt,
          static_cast<int64_t>(it.canonical - it.kblock0) * tiles * kTileKeys;
 }
 
+// The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
+// (tile_scheduler.cuh), as the FP8 kernel's producer. dt: the delta table (kTable builds only).
 template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p,

@@ -140,7 +140,9 @@ __device__ __forceinline__ void quantize_p_group(const float (&p)[kN], uint32_t 
 // (rn_e2m1 makes it a zero code; in the row sum it is below every rounding).
 template <int kEvery>
 __device__ __forceinline__ float tile_exp2(float x, int i) {
-  if (kEvery > 0 && i % kEvery == kEvery - 1) return exp2_fma(x);
+  if constexpr (kEvery > 0) {  // (constexpr: no "% 0" for the compiler to warn about)
+    if (i % kEvery == kEvery - 1) return exp2_fma(x);
+  }
   return ptx::ex2_approx(x);
 }
 
