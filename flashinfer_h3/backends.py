@@ -581,7 +581,7 @@ def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:
     kernel takes the plan's used V columns (``vkey_start[S]``): its K and V tensor maps end
     there. A ``delta_table=True`` benchmark build also gets its delta table (allocated per plan
     and workspace: :func:`delta_table_buffers`), which its attention call fills first."""
-    table_build = hasattr(module, "attention_nvfp4_wgmma_delta_table")
+    table_build = bool(module.attention_nvfp4_wgmma_delta_table_build())
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks

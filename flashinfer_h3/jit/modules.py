@@ -127,7 +127,8 @@ register_module(ModuleDef(
 register_module(ModuleDef(
     "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
     archs=("sm_90a",),
-    exports=("quantize_nvfp4_fp16", "attention_nvfp4_wgmma", "attention_nvfp4_wgmma_smem_bytes"),
+    exports=("quantize_nvfp4_fp16", "attention_nvfp4_wgmma", "attention_nvfp4_wgmma_smem_bytes",
+             "attention_nvfp4_wgmma_delta_table_build"),
     about="NVFP4 pre-pass writing FP16 operands + the Hopper NVFP4 kernel: warp-specialised, TMA "
           "+ mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
     register_usage_level=8,

@@ -172,7 +172,7 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
         used = build_host_plan(prep.bounds).vkey_start[-1]
         fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
         attention, extra = module.attention_nvfp4_wgmma, ()
-        if hasattr(module, "attention_nvfp4_wgmma_delta_table"):  # the delta_table build
+        if module.attention_nvfp4_wgmma_delta_table_build():
             from flashinfer_h3.backends import delta_table_attention, delta_table_buffers
 
             attention = delta_table_attention(module)

@@ -273,8 +273,11 @@ def test_delta_table_build() -> None:
         table = bt.sass(so, "nvfp4_delta_table_kernel")
         assert len(re.findall(r"HMMA\.16816\.F32 ", table)) >= 2 * 8 * 2
         module = bt.load(so)
+        assert module.attention_nvfp4_wgmma_delta_table_build()
         assert hasattr(module, "nvfp4_delta_table")
         assert hasattr(module, "attention_nvfp4_wgmma_delta_table")
+    production = bt.load(Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a"))))
+    assert not production.attention_nvfp4_wgmma_delta_table_build()
 
 
 @pytest.mark.parametrize("flags", [
