@@ -26,15 +26,21 @@ attention kernel (the delta warpgroup writes the mask only: what the products co
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from flashinfer_h3.__main__ import PRESETS, _non_negative_float, _time_cuda, attention_flops
+from flashinfer_h3.__main__ import PRESETS, _non_negative_float, attention_flops
 from flashinfer_h3.backends import delta_table_buffers
-from flashinfer_h3.benchtools import GpuSampler, bench_shapes, kernel_only_build, round_order
+from flashinfer_h3.benchtools import (
+    Timed,
+    bench_shapes,
+    kernel_only_build,
+    round_order,
+    rounds_summary,
+    timed_with_clocks,
+)
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
 
@@ -60,8 +66,7 @@ def table_parts(flags: dict[str, Any], ko: Any) -> tuple[Fn, Fn, int]:
     """The table kernel alone and the attention kernel alone of a primed table build ``ko`` (on a
     table of their own), and the table's bytes."""
     module = load_so(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
-    _, qbar, _, k_f16, _, counter = ko.views
-    q_f16, v_f16 = ko.views[2], ko.views[4]
+    _, qbar, q_f16, k_f16, v_f16, counter = ko.views
     seg_bounds, vkey_start, qblock_start, qblocks = ko.plan.args
     table, start, parts = delta_table_buffers(ko.plan.host.qblock_start, ko.q.shape[1],
                                               ko.q.device)
@@ -134,22 +139,13 @@ def run(preset: str, lengths: tuple[int, ...], heads: int, iters: int, rounds: i
                                                         prod.plan, prod.views)))
     for note in notes:
         print(f"nvfp4 {preset}: {note}", flush=True)
-    times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in rows]
+    times: list[list[Timed]] = [[] for _ in rows]
     for r in range(rounds):
         for i in round_order(len(rows), r):
-            sampler = GpuSampler(torch.cuda.current_device())
-            ms = _time_cuda(rows[i][1], iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
-            state = sampler.state
-            times[i].append((ms, state.sm_clock_mhz if state else None,
-                             state.power_w if state else None))
+            times[i].append(timed_with_clocks(rows[i][1], iters, warmup_ms))
     flops = attention_flops(lengths, heads)
     for (name, _), measured in zip(rows, times, strict=True):
-        ms = statistics.median(t for t, _, _ in measured)
-        spread = (max(t for t, _, _ in measured) - min(t for t, _, _ in measured)) / ms
-        clocks = ""
-        if all(m is not None for _, m, _ in measured):
-            clocks = (f", {statistics.median(m for _, m, _ in measured):.0f} MHz, "
-                      f"{statistics.median(w for _, _, w in measured):.0f} W")
+        ms, spread, clocks = rounds_summary(measured)
         print(f"nvfp4 {preset} ({sum(lengths)} x {heads}): {name}: {ms:.3f} ms (rounds spread "
               f"{100 * spread:.1f} %), {flops / ms / 1e9:.1f} TFLOP/s{clocks}", flush=True)
 

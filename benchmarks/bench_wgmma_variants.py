@@ -57,8 +57,6 @@ apart the method puts one kernel timed twice.
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +66,17 @@ from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import (  # the bench command's
     PRESETS,
     _non_negative_float,
-    _time_cuda,
     attention_flops,
 )
 from flashinfer_h3.benchtools import (
     HOPPER_MODULES,
-    GpuSampler,
     KernelOnly,
+    Timed,
     bench_shapes,
     round_order,
+    rounds_summary,
     sampled_oracle,
+    timed_with_clocks,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
@@ -153,19 +152,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def timed_with_clocks(
-    fn: Callable[[], Any], iters: int, warmup_ms: float
-) -> tuple[float, float | None, float | None]:
-    """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
-    clock (MHz) and board power (W) sampled meanwhile (else None; benchtools.GpuSampler): the H200
-    runs these kernels at its 700 W cap, so a build's clock is part of its time."""
-    sampler = GpuSampler(torch.cuda.current_device())  # over the timed calls only
-    ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
-    if sampler.state is None:
-        return ms, None, None
-    return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
-
-
 def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:
     """The builds of ``op`` that ``--only`` selects (the production build always)."""
     return [(name, flags) for name, flags in VARIANTS[op].items()
@@ -239,17 +225,12 @@ def run(op: str, preset: str, lengths: tuple[int, ...], heads: int, iters: int, 
         result = ko.run().clone()
         rel = ((result.float() - production.float()).norm() / production.float().norm()).item()
         builds.append(("production, striding item order", ko, f", rel L2 vs production {rel:.2e}"))
-    times: list[list[tuple[float, float | None, float | None]]] = [[] for _ in builds]
+    times: list[list[Timed]] = [[] for _ in builds]
     for r in range(rounds):
         for i in round_order(len(builds), r):  # predecessors change from round to round
             times[i].append(timed_with_clocks(builds[i][1].run, iters, warmup_ms))
     for (name, _, diff), measured in zip(builds, times, strict=True):
-        ms = statistics.median(t for t, _, _ in measured)
-        spread = (max(t for t, _, _ in measured) - min(t for t, _, _ in measured)) / ms
-        clocks = ""
-        if all(m is not None for _, m, _ in measured):
-            clocks = (f", SM clock {statistics.median(m for _, m, _ in measured):.0f} MHz, "
-                      f"{statistics.median(w for _, _, w in measured):.0f} W")
+        ms, spread, clocks = rounds_summary(measured)
         print(f"{op} {preset} ({tokens} x {heads}): {name}: {ms:.3f} ms "
               f"(rounds spread {100 * spread:.1f} %), {flops / ms / 1e9:.1f} TFLOP/s{diff}{clocks}",
               flush=True)

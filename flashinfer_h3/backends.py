@@ -540,21 +540,25 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
                                       attention_takes_q=True)
 
 
+QBAR_PARTS_WORDS = 132  # attention/sm90/nvfp4_delta_table.cuh kQbarPartsWords (its binding checks)
+
+
 def delta_table_buffers(qblock_start: Sequence[int], heads: int,
                         device: Any) -> tuple[Tensor, Tensor, Tensor]:
     """The delta table of the NVFP4 kernel's ``delta_table=True`` benchmark builds
     (``attention/sm90/nvfp4_delta_table.cuh``) for a plan whose canonical blocks start at
     ``qblock_start`` (host values): an uninitialised float32 ``[heads, delta_start[S]]``, the
     segments' offsets ``delta_start`` (int64 ``[S + 1]``, ``128 * sum n_s^2`` before segment s)
-    and the table kernel's scratch (float32 ``[blocks, heads, 132]``: each pair's qbar parts as
-    B fragments)."""
+    and the table kernel's scratch (float32 ``[blocks, heads, QBAR_PARTS_WORDS]``: each pair's
+    qbar parts as B fragments)."""
     import torch
 
     starts = [0]
     for a, b in zip(qblock_start[:-1], qblock_start[1:], strict=True):
         starts.append(starts[-1] + 128 * (b - a) ** 2)
     table = torch.empty((heads, starts[-1]), dtype=torch.float32, device=device)
-    parts = torch.empty((max(qblock_start[-1], 1), heads, 132), dtype=torch.float32, device=device)
+    parts = torch.empty((max(qblock_start[-1], 1), heads, QBAR_PARTS_WORDS), dtype=torch.float32,
+                        device=device)
     return table, torch.tensor(starts, dtype=torch.int64, device=device), parts
 
 

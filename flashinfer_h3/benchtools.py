@@ -726,6 +726,40 @@ def rounds_note(rounds: int) -> str:
                                    "from another row (their median)")
 
 
+Timed = tuple[float, float | None, float | None]  # ms, SM clock (MHz), board power (W)
+
+
+def timed_with_clocks(fn: Callable[[], Any], iters: int, warmup_ms: float) -> Timed:
+    """Median ms of ``fn`` (the bench command's CUDA-event timing, one warm-up call and
+    ``warmup_ms`` of untimed ones) and, where ``nvidia-smi`` is on the PATH, the median SM clock
+    and board power sampled meanwhile (else None; :class:`GpuSampler`): at the 700 W cap a
+    build's clock is part of its time. The benchmark scripts' rows (bench_wgmma_variants.py,
+    bench_delta_table.py)."""
+    import torch
+
+    from .__main__ import _time_cuda
+
+    sampler = GpuSampler(torch.cuda.current_device())  # over the timed calls only
+    ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
+    if sampler.state is None:
+        return ms, None, None
+    return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
+
+
+def rounds_summary(measured: Sequence[Timed]) -> tuple[float, float, str]:
+    """A row's rounds of :func:`timed_with_clocks`: the median ms, the rounds' spread (max - min
+    over the median) and ``", SM clock C MHz, P W"`` (medians; empty without samples)."""
+    import statistics
+
+    ms = statistics.median(t for t, _, _ in measured)
+    spread = (max(t for t, _, _ in measured) - min(t for t, _, _ in measured)) / ms
+    clocks = ""
+    if all(m is not None for _, m, _ in measured):
+        clocks = (f", SM clock {statistics.median(m for _, m, _ in measured):.0f} MHz, "
+                  f"{statistics.median(w for _, _, w in measured):.0f} W")
+    return ms, spread, clocks
+
+
 def round_order(n: int, r: int) -> list[int]:
     """The order of round r of a bench over n rows: r, r + s, r + 2 s, ... (mod n), with s the
     r-th of the strides coprime with n (cyclically: 1, 3, 5, 7 for 8 rows), so that a row's

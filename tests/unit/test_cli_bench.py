@@ -153,6 +153,16 @@ def test_markdown_table_says_the_rounds() -> None:
     assert "after 2 warm-up (and 1000 ms of them), every row timed in 3 rounds in turn" in text
 
 
+def test_rounds_summary() -> None:
+    # The benchmark scripts' per-row line: median ms, (max - min) / median, median clock and
+    # power only when every round sampled them.
+    ms, spread, clocks = benchtools.rounds_summary([(2.0, 1700.0, 690.0), (2.4, 1750.0, 700.0),
+                                                    (2.2, 1800.0, 695.0)])
+    assert ms == 2.2 and abs(spread - 0.4 / 2.2) < 1e-12
+    assert clocks == ", SM clock 1750 MHz, 695 W"
+    assert benchtools.rounds_summary([(1.0, 1700.0, 690.0), (3.0, None, None)])[2] == ""
+
+
 def test_round_orders() -> None:
     # Every round times every row once; round r starts at row r; and a row's predecessor
     # changes from round to round (a cyclic shift would keep it: the bench of 2026-12-06 timed
