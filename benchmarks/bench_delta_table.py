@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from bench_wgmma_variants import timed_with_clocks  # this directory's script
 
 from flashinfer_h3.__main__ import PRESETS, _non_negative_float, attention_flops
 from flashinfer_h3.backends import delta_table_buffers
@@ -39,7 +40,6 @@ from flashinfer_h3.benchtools import (
     kernel_only_build,
     round_order,
     rounds_summary,
-    timed_with_clocks,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so

@@ -57,6 +57,7 @@ apart the method puts one kernel timed twice.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +67,18 @@ from flashinfer_h3 import backends
 from flashinfer_h3.__main__ import (  # the bench command's
     PRESETS,
     _non_negative_float,
+    _time_cuda,
     attention_flops,
 )
 from flashinfer_h3.benchtools import (
     HOPPER_MODULES,
+    GpuSampler,
     KernelOnly,
     Timed,
     bench_shapes,
     round_order,
     rounds_summary,
     sampled_oracle,
-    timed_with_clocks,
 )
 from flashinfer_h3.jit import KernelConfig, build_module
 from flashinfer_h3.jit.load import load_so
@@ -150,6 +152,17 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "128-key tiles: ring depth 4": {**T128, "stages": 4},
     },
 }
+
+
+def timed_with_clocks(fn: Callable[[], Any], iters: int, warmup_ms: float) -> Timed:
+    """Median ms of ``fn`` (``_time_cuda``) and, where ``nvidia-smi`` is on the PATH, the median SM
+    clock (MHz) and board power (W) sampled meanwhile (else None; benchtools.GpuSampler): the H200
+    runs these kernels at its 700 W cap, so a build's clock is part of its time."""
+    sampler = GpuSampler(torch.cuda.current_device())  # over the timed calls only
+    ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
+    if sampler.state is None:
+        return ms, None, None
+    return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
 
 
 def selected_variants(op: str, only: str | None) -> list[tuple[str, dict[str, Any]]]:

@@ -729,25 +729,9 @@ def rounds_note(rounds: int) -> str:
 Timed = tuple[float, float | None, float | None]  # ms, SM clock (MHz), board power (W)
 
 
-def timed_with_clocks(fn: Callable[[], Any], iters: int, warmup_ms: float) -> Timed:
-    """Median ms of ``fn`` (the bench command's CUDA-event timing, one warm-up call and
-    ``warmup_ms`` of untimed ones) and, where ``nvidia-smi`` is on the PATH, the median SM clock
-    and board power sampled meanwhile (else None; :class:`GpuSampler`): at the 700 W cap a
-    build's clock is part of its time. The benchmark scripts' rows (bench_wgmma_variants.py,
-    bench_delta_table.py)."""
-    import torch
-
-    from .__main__ import _time_cuda
-
-    sampler = GpuSampler(torch.cuda.current_device())  # over the timed calls only
-    ms = _time_cuda(fn, iters, warmup=1, warmup_ms=warmup_ms, during=sampler)
-    if sampler.state is None:
-        return ms, None, None
-    return ms, sampler.state.sm_clock_mhz, sampler.state.power_w
-
-
 def rounds_summary(measured: Sequence[Timed]) -> tuple[float, float, str]:
-    """A row's rounds of :func:`timed_with_clocks`: the median ms, the rounds' spread (max - min
+    """A row's rounds of the benchmark scripts' timings (bench_wgmma_variants.py
+    ``timed_with_clocks``: ms, SM clock, board power): the median ms, the rounds' spread (max - min
     over the median) and ``", SM clock C MHz, P W"`` (medians; empty without samples)."""
     import statistics
 
