@@ -121,6 +121,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "delta table (its own kernel first, in the time; 3 warpgroups)": {"delta_table": True},
         "delta table, rows prefetched to L2 8 tiles ahead":
             {"delta_table": True, "table_prefetch": 8},
+        "QK^T first, the softmax's first part under PV(t - 1)": {"pv_under_softmax": 1},
+        "QK^T first, the exponentials pinned under PV(t - 1)": {"pv_under_softmax": 2},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

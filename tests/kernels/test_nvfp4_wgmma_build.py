@@ -247,6 +247,30 @@ def test_shared_space_delta_loads_and_poly_exp2_builds(so: Path) -> None:
     assert len(re.findall(generic_64, sass)) == len(re.findall(generic_64, production)) - 2 * 16
 
 
+def test_pv_under_softmax_builds(so: Path) -> None:
+    """``pv_under_softmax``: the tile loop's GEMM phase issues QK^T(t) before PV(t - 1) and waits
+    for the QK^T alone (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) before the softmax's exponential part,
+    then for the PV (``0x0``) before P is written. With ``=2`` a store of the row sums keeps the
+    tile's 64 exponentials and their row sums between the two waits (with ``=1`` ptxas leaves the
+    exponentials behind the second). Both: no local memory, production's 32 FP16 wgmmas, and
+    production itself has no such wait."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    assert "gsb0, 0x1" not in bt.sass(so, KERNEL)
+    for level, exponentials_between in ((1, 0), (2, 64)):
+        build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                               flags={"pv_under_softmax": level})))
+        bt.assert_no_local_memory(build, KERNEL)
+        sass = bt.sass(build, KERNEL)
+        assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+        lines = sass.splitlines()
+        first = next(i for i, line in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in line)
+        second = next(i for i in range(first + 1, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
+        between = sum("MUFU.EX2" in line for line in lines[first:second])
+        # the group scales' 4 and the two alphas are always there
+        assert between - 6 >= exponentials_between, f"pv_under_softmax={level}: {between} MUFU.EX2"
+
+
 def test_delta_table_build() -> None:
     """The ``delta_table=True`` benchmark build (measured and not kept, benchmarks/RESULTS.md,
     thirtieth session): the attention kernel launches 384 threads (no delta warpgroup: no 64x8

@@ -126,6 +126,20 @@ enum Nvfp4Variant : int {
   // of computed per tile by a delta warpgroup: 3 warpgroups (TMA, two consumers). Measured 1.7-1.9
   // % slower a call with its table kernels (benchmarks/RESULTS.md, thirtieth session).
   kDeltaTable = 32768,
+  // Not in production (a benchmark build adds it): each GEMM phase issues QK^T(t) first and PV(t -
+  // 1) second; the consumer waits for the QK^T alone, runs the exponential part of tile t's
+  // softmax (scores, maxima, scales, exponentials, row sums: s and the row state only) while PV(t
+  // - 1) is on the tensor cores, then waits for it, rescales O and quantises P into the registers
+  // the PV read. One P buffer: P(t) is written after the PV wait, so the registers are those of
+  // production. (The first day's form of this order lost 5 %: ptxas then put the exponentials'
+  // results into P's registers and moved them behind the wait; benchmarks/RESULTS.md.)
+  kPvUnderSoftmax = 65536,
+  // With kPvUnderSoftmax (benchmark build pv_under_softmax=2): each consumer thread stores its two
+  // row sums' total into an unused word of the storage (qbar_parts, the delta_mma_sync build's)
+  // before the PV wait. The store depends on all 64 exponentials, and ptxas keeps it before the
+  // wait: without it ptxas computes the exponent arguments under the PV and leaves the 64
+  // MUFU.EX2 and the row sums behind the wait.
+  kPinExponentials = 131072,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -430,6 +444,40 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
 
 // After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
+// kPvUnderSoftmax: the tile loop's GEMM phase (both wgmma groups issued, QK^T(t) first) and its
+// softmax around the PV(t - 1) still in flight: the exponential part after the QK^T's wait, the
+// O rescale and the P quantisation after the PV's. The releases are after_gemms' (K and Q after
+// the first wait, V after the second).
+template <int kVariant, int kPolyExp2Every, class Smem>
+__device__ __forceinline__ void softmax_under_pv(float (&s)[64], float (&o)[64], uint32_t (&pa)[32],
+                                                 Nvfp4RowState& st, Smem& sm, RingSlot& slot, bool last_tile,
+                                                 float c) {
+  static_assert((kVariant & kSoftmax) != 0, "pv_under_softmax: with the softmax");
+  constexpr bool kQuantize = (kVariant & kQuantizeP) != 0, kFold = (kVariant & kFoldPScale) != 0;
+  ptx::wgmma_wait<1>();  // QK^T(t): the older group
+  ptx::fence_operands(s);
+  if (signals_for_warpgroup()) {
+    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
+    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
+  }
+  const Nvfp4TileScales<2> scales =
+      nvfp4_softmax_exponentials<kQuantize, kFold, 64, kPolyExp2Every>(s, st, c, sm.recip, sm.p_fold);
+  if constexpr ((kVariant & kPinExponentials) != 0) {
+    static_assert((kVariant & kDeltaOnWgmma) != 0, "the pinning store uses the delta_mma_sync build's words");
+    static_assert(sizeof(sm.qbar_parts) >= kConsumerThreads * sizeof(float), "a word a consumer thread");
+    float* word = reinterpret_cast<float*>(&sm.qbar_parts[0][0]) + (threadIdx.x - 2 * kWarpgroupThreads);
+    *word = st.l[0] + st.l[1];
+  }
+  ptx::wgmma_wait<0>();  // PV(t - 1)
+  ptx::fence_operands(o);
+  ptx::fence_operands(pa);
+  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
+  nvfp4_quantize_p_tile<kQuantize, (kVariant & kFastRounding) != 0, kFold, (kVariant & kF16Rounding) != 0, 64>(
+      s, pa, scales);
+  rescale_o(o, st);
+  ++slot.index;
+}
+
 template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
                                             Smem& sm, RingSlot& slot, bool last_tile, bool pv_done, float c) {
@@ -515,11 +563,18 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     for (int t = 1; t < tiles; ++t) {
       load_delta<kSharedDelta, kTable>(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
-      issue_pv_when_ready(o, pa, sm, slot);
-      issue_qk_when_ready(s, q_desc, sm, slot);
-      turn.pass();
-      ptx::wgmma_wait<0>();
-      after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      if constexpr ((kVariant & kPvUnderSoftmax) != 0) {
+        issue_qk_when_ready(s, q_desc, sm, slot);
+        issue_pv_when_ready(o, pa, sm, slot);
+        turn.pass();
+        softmax_under_pv<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, p.c);
+      } else {
+        issue_pv_when_ready(o, pa, sm, slot);
+        issue_qk_when_ready(s, q_desc, sm, slot);
+        turn.pass();
+        ptx::wgmma_wait<0>();
+        after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
+      }
     }
     turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);

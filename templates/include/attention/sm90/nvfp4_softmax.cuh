@@ -157,9 +157,20 @@ __device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
   return fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3]));
 }
 
-// One tile: s = the scores (delta and mask included) in, P (f16x2 A registers) out; updates
-// `st` (st.alpha is now this tile's rescale of O). c = softmax_scale * log2(e). kFold: the
-// group scales folded into the exponents (header); without the quantisation there is no scale.
+// What the exponential part of a tile hands the P quantisation: each group's scale and whether
+// some group of this thread needs the saturating rounding.
+template <int kWindows>
+struct Nvfp4TileScales {
+  PGroupScale group[kWindows][2];  // [window][row]
+  bool saturates;
+};
+
+// The first part of a tile's softmax: s = the scores (delta and mask included) in, the
+// exponentials out (kFold: y = Ptil / s of each group; else Ptil), in place; updates `st`
+// (st.alpha is now this tile's rescale of O) and returns the group scales for
+// nvfp4_quantize_p_tile. It reads and writes s and st only, so it may run while a wgmma still
+// reads P's registers and accumulates into O (the pv_under_softmax benchmark build).
+// c = softmax_scale * log2(e).
 //
 // The group maxima come first, from the scores: Ptil is a non-decreasing function of S (one
 // FFMA and ex2), so the group's largest Ptil is that of its largest score, and the row maximum
@@ -172,9 +183,10 @@ __device__ __forceinline__ float group_max(const float (&s)[kN], int w, int r) {
 // the FMA pipe (fp8_softmax.cuh exp2_fma, relative error 7.6e-5, below FP16's rounding of y),
 // as the FP8 kernel does with 2 in 128. Here MUFU is not the binding unit (XU 31 %): 1 or 2 in
 // 64 measured 1.9-5.4 % slower on an H100 (benchmarks/RESULTS.md, twenty-eighth session).
-template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN, int kPolyExp2Every = 0>
-__device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa)[kN / 2], Nvfp4RowState& st,
-                                                   float c, const float* recip_table, const PScaleFold* fold_table) {
+template <bool kQuantizeP, bool kFoldIn, int kN, int kPolyExp2Every = 0>
+__device__ __forceinline__ Nvfp4TileScales<kN / 32> nvfp4_softmax_exponentials(float (&s)[kN], Nvfp4RowState& st,
+                                                                                float c, const float* recip_table,
+                                                                                const PScaleFold* fold_table) {
   static_assert(kN == 64 || kN == 32, "a 64 x 128 or 64 x 64 accumulator fragment");
   constexpr int kWindows = kN / 32;  // 64-key windows of the tile = P groups of a row
   constexpr bool kFold = kFoldIn && kQuantizeP;
@@ -197,15 +209,15 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
     st.m[r] = m_new;
     bias[r] = m_new * c - kLog2Nvfp4PScale;
   }
-  PGroupScale scale[kWindows][2];
-  bool saturates = false;
+  Nvfp4TileScales<kWindows> scales;
+  scales.saturates = false;
 #pragma unroll
   for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      scale[w][r] = p_group_scale<kFold>(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), bias[r], recip_table,
-                                         fold_table);
-      saturates |= scale[w][r].saturates;
+      scales.group[w][r] = p_group_scale<kFold>(ptx::ex2_approx(fmaf(gmax[w][r], c, -bias[r])), bias[r],
+                                                recip_table, fold_table);
+      scales.saturates |= scales.group[w][r].saturates;
     }
   }
   if constexpr (kFold) {
@@ -214,16 +226,16 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
     for (int i = 0; i < kN; ++i) {
       const int w = i >> 5, r = (i >> 1) & 1;
       // y = Ptil / s; -inf (masked) -> 0 (2^-125 on a polynomial element: tile_exp2)
-      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -scale[w][r].bias), i);
+      s[i] = tile_exp2<kPolyExp2Every>(fmaf(s[i], c, -scales.group[w][r].bias), i);
       ysum[w][r] += s[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // sum over windows of s_w * ysum_w, the last window's product first (two windows:
       // fmaf(s_0, ysum_0, s_1 ysum_1)).
-      float tile_sum = scale[kWindows - 1][r].weight * ysum[kWindows - 1][r];
+      float tile_sum = scales.group[kWindows - 1][r].weight * ysum[kWindows - 1][r];
 #pragma unroll
-      for (int w = kWindows - 2; w >= 0; --w) tile_sum = fmaf(scale[w][r].weight, ysum[w][r], tile_sum);
+      for (int w = kWindows - 2; w >= 0; --w) tile_sum = fmaf(scales.group[w][r].weight, ysum[w][r], tile_sum);
       st.l[r] = fmaf(st.l[r], st.alpha[r], tile_sum);
     }
   } else {
@@ -237,21 +249,44 @@ __device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa
 #pragma unroll
     for (int r = 0; r < 2; ++r) st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
   }
-  // The saturating rounding only when some group of the warp needs it (subnormal scales: groups
-  // far below the row max); warp-uniform, so no divergence. kFastRounding = false: always.
-  if (!kFastRounding || __any_sync(0xffffffffu, saturates)) {
+  return scales;
+}
+
+// The second part: the exponentials of nvfp4_softmax_exponentials -> P (f16x2 A registers of the
+// PV wgmma). The saturating rounding only when some group of the warp needs it (subnormal
+// scales: groups far below the row max); warp-uniform, so no divergence. kFastRounding = false:
+// always.
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN>
+__device__ __forceinline__ void nvfp4_quantize_p_tile(const float (&s)[kN], uint32_t (&pa)[kN / 2],
+                                                      const Nvfp4TileScales<kN / 32>& scales) {
+  constexpr int kWindows = kN / 32;
+  constexpr bool kFold = kFoldIn && kQuantizeP;
+  if (!kFastRounding || __any_sync(0xffffffffu, scales.saturates)) {
 #pragma unroll
     for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, true, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) {
+        quantize_p_group<kQuantizeP, true, kFold, kF16Rounding>(s, pa, w, r, scales.group[w][r]);
+      }
     }
   } else {
 #pragma unroll
     for (int w = 0; w < kWindows; ++w) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) quantize_p_group<kQuantizeP, false, kFold, kF16Rounding>(s, pa, w, r, scale[w][r]);
+      for (int r = 0; r < 2; ++r) {
+        quantize_p_group<kQuantizeP, false, kFold, kF16Rounding>(s, pa, w, r, scales.group[w][r]);
+      }
     }
   }
+}
+
+// One tile: s = the scores in, P out; both parts above, one after the other.
+template <bool kQuantizeP, bool kFastRounding, bool kFoldIn, bool kF16Rounding, int kN, int kPolyExp2Every = 0>
+__device__ __forceinline__ void nvfp4_softmax_tile(float (&s)[kN], uint32_t (&pa)[kN / 2], Nvfp4RowState& st,
+                                                   float c, const float* recip_table, const PScaleFold* fold_table) {
+  const Nvfp4TileScales<kN / 32> scales =
+      nvfp4_softmax_exponentials<kQuantizeP, kFoldIn, kN, kPolyExp2Every>(s, st, c, recip_table, fold_table);
+  nvfp4_quantize_p_tile<kQuantizeP, kFastRounding, kFoldIn, kF16Rounding, kN>(s, pa, scales);
 }
 
 }  // namespace sm90
