@@ -19,7 +19,9 @@ shared-memory accesses as LDS / STS instead of generic LD / ST; ``shared_delta_l
 consumers' delta loads alone), ``delta_table=True`` (every (query block, K tile) pair's delta
 from a table that a kernel of its own writes first, its time included; no delta warpgroup),
 ``poly_exp2_every`` (every n-th
-of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none). FP8 builds:
+of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``pv_under_softmax``
+(1: QK^T(t) before PV(t - 1) in each GEMM phase, the softmax's first part while that PV runs; 2:
+its 64 exponentials pinned there too). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
 K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o_update=False``

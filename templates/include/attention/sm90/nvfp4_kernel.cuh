@@ -92,7 +92,8 @@ enum Nvfp4Variant : int {
   // Not in production (a benchmark build adds it): the epilogue divides through one reciprocal a
   // row, as the FP8 kernel's does (attention/epilogue.cuh RowDivisor), instead of a div.rn per
   // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
-  // twenty-third session, before RowDivisor kept -0 and infinities).
+  // twenty-third session, before RowDivisor kept -0 and infinities), and again 0.9-1.3 % slower
+  // on today's kernel (thirty-first session).
   kRowDivisorEpilogue = 512,
   // The delta products as wgmma m64n8k16 by a warpgroup of their own (produce_delta_wg; 512 threads
   // a CTA). Off (benchmark build delta_mma_sync, production until 2026-12-06): mma.sync m16n8k16
@@ -131,8 +132,9 @@ enum Nvfp4Variant : int {
   // softmax (scores, maxima, scales, exponentials, row sums: s and the row state only) while PV(t
   // - 1) is on the tensor cores, then waits for it, rescales O and quantises P into the registers
   // the PV read. One P buffer: P(t) is written after the PV wait, so the registers are those of
-  // production. (The first day's form of this order lost 5 %: ptxas then put the exponentials'
-  // results into P's registers and moved them behind the wait; benchmarks/RESULTS.md.)
+  // production. Measured on an H100, kernel alone: +2.8 % (h3-mix) and +4.0 % (h3-10s); with
+  // kPinExponentials +4.4 and +7.9 % (benchmarks/RESULTS.md, thirty-first session; the first
+  // day's form of this order had lost 5 % too).
   kPvUnderSoftmax = 65536,
   // With kPvUnderSoftmax (benchmark build pv_under_softmax=2): each consumer thread stores its two
   // row sums' total into an unused word of the storage (qbar_parts, the delta_mma_sync build's)
@@ -155,7 +157,9 @@ static_assert((kNvfp4TmaRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroup
 
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
-// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %). Measured, not built:
+// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %). Measured, kept as
+// benchmark builds: both GEMMs in the turn, QK^T first, the exponential part under the PV,
+// kPvUnderSoftmax, +2.8 to +7.9 %.) Measured, not built:
 // three consumer warpgroups on 64-key tiles in a round-robin turn (the register budget's only
 // three-consumer shape) do 0.97x the row-keys per cycle of this ping-pong on resident operands,
 // benchmarks/sm90_pipes.cu "nvfp4 loop" rows: a 64-key softmax costs 57 % of a 128-key one and
