@@ -309,11 +309,12 @@ def test_delta_table_build() -> None:
     {"delta_mma_sync": True, "delta_wgmma_regs": True},
     {"delta_mma_sync": True, "wide_consumers": True},
     {"delta_wgmma_regs": True, "wide_consumers": True},
+    {"pv_under_softmax": 3},
 ])
 def test_conflicting_delta_flags_do_not_build(flags: dict) -> None:
-    """Two delta forms at once, or the wide consumers without the SS delta, stop the compile
-    with an error naming the flags (rather than building one form quietly, which a benchmark
-    would then label as another)."""
+    """Two delta forms at once, the wide consumers without the SS delta, or a pv_under_softmax
+    level the kernel does not have stop the compile with an error naming the flags (rather than
+    building one form quietly, which a benchmark would then label as another)."""
     from flashinfer_h3.jit import KernelConfig, build_module
     from flashinfer_h3.jit.env import JitBuildError
 

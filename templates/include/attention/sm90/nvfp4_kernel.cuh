@@ -446,8 +446,6 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
   issue_pv(o, pa, sm.v[stage][0]);
 }
 
-// After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
-// tile) and the previous V tile, then the softmax of the tile and the rescale of O.
 // kPvUnderSoftmax: the tile loop's GEMM phase (both wgmma groups issued, QK^T(t) first) and its
 // softmax around the PV(t - 1) still in flight: the exponential part after the QK^T's wait, the
 // O rescale and the P quantisation after the PV's. The releases are after_gemms' (K and Q after
@@ -482,6 +480,8 @@ __device__ __forceinline__ void softmax_under_pv(float (&s)[64], float (&o)[64],
   ++slot.index;
 }
 
+// After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
+// tile) and the previous V tile, then the softmax of the tile and the rescale of O.
 template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint32_t (&pa)[32], Nvfp4RowState& st,
                                             Smem& sm, RingSlot& slot, bool last_tile, bool pv_done, float c) {
