@@ -21,7 +21,8 @@ from a table that a kernel of its own writes first, its time included; no delta 
 ``poly_exp2_every`` (every n-th
 of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``pv_under_softmax``
 (1: QK^T(t) before PV(t - 1) in each GEMM phase, the softmax's first part while that PV runs; 2:
-its 64 exponentials pinned there too). FP8 builds:
+its 64 exponentials pinned there too), ``prefetch_next_item=True`` (the TMA thread prefetches its
+next item's Q block and qbar row into L2 once it has drawn that item). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
 K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o_update=False``
@@ -31,7 +32,8 @@ included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
-a barrier of their own). Both: ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py:
+a barrier of their own); ``prefetch_next_item=True`` (the producer prefetches its next item's Q block
+and Q scales into L2 once this item's copies are issued). Both: ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py:
 production 8), ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered),
 ``wait_sleep_ns=0`` (the producer warpgroup's waits poll instead of suspending),
 ``dynamic_schedule`` (NVFP4: False, the CTAs stride statically over the items instead of drawing
@@ -125,6 +127,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             {"delta_table": True, "table_prefetch": 8},
         "QK^T first, the softmax's first part under PV(t - 1)": {"pv_under_softmax": 1},
         "QK^T first, the exponentials pinned under PV(t - 1)": {"pv_under_softmax": 2},
+        "next item's Q block and qbar prefetched into L2 once drawn": {"prefetch_next_item": True},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},
@@ -132,6 +135,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
+        "next item's Q block and Q scales prefetched into L2": {"prefetch_next_item": True},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "ptxas register usage level 5 (production until 2026-12-04)": {"register_usage_level": 5},
         "ptxas register usage level 0": {"register_usage_level": 0},

@@ -174,6 +174,23 @@ def test_clustered_build_shares_the_tile_copies(so: Path) -> None:
         build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={**T128, "cluster_ctas": 2}))
 
 
+def test_prefetch_next_item_build(so: Path) -> None:
+    """``prefetch_next_item=True``: once an item's copies are issued, the producer prefetches its
+    next item's Q block (the tensor box, ``UTMAPF.L2.3D``) and Q scales (``UBLKPF.L2``) into L2;
+    production prefetches nothing. Production's GEMMs, all asynchronous. (The producer thread, at
+    24 registers, keeps 4 bytes on the stack across items: one store and load an item.)"""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(so, KERNEL)
+    assert "UTMAPF" not in production and "UBLKPF" not in production
+    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"prefetch_next_item": True})))
+    sass = bt.sass(build, KERNEL)
+    assert sass.count("UTMAPF.L2.3D") == 1 and sass.count("UBLKPF.L2") == 1
+    assert len(re.findall(QGMMA + r" R\d+, gdesc", sass)) == len(re.findall(QGMMA + r" R\d+, gdesc", production))
+    assert sass.count("WARPGROUP.ARRIVE") == production.count("WARPGROUP.ARRIVE")
+    assert len(re.findall(r"\b(?:STL|LDL)\b", sass)) <= 4
+
+
 @pytest.mark.parametrize("flags", [{"q_in_kernel": 1}, {"q_in_kernel": 1, "cluster_ctas": 2},
                                    {"q_in_kernel": 2}],
                          ids=["q-in-kernel", "q-in-kernel-clusters", "q-in-kernel-per-consumer"])

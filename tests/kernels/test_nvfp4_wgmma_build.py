@@ -271,6 +271,21 @@ def test_pv_under_softmax_builds(so: Path) -> None:
         assert between - 6 >= exponentials_between, f"pv_under_softmax={level}: {between} MUFU.EX2"
 
 
+def test_prefetch_next_item_build(so: Path) -> None:
+    """``prefetch_next_item=True``: the TMA thread prefetches its next item's Q block (two tensor
+    boxes, ``UTMAPF.L2.3D``) and qbar row (``UBLKPF.L2``) into L2; production prefetches nothing.
+    The consumers' code is production's: the same 32 FP16 wgmmas, no local memory."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(so, KERNEL)
+    assert "UTMAPF" not in production and "UBLKPF" not in production
+    build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags={"prefetch_next_item": True})))
+    bt.assert_no_local_memory(build, KERNEL)
+    sass = bt.sass(build, KERNEL)
+    assert len(re.findall(r"UTMAPF\.L2\.3D", sass)) == 2 and len(re.findall(r"UBLKPF\.L2", sass)) == 1
+    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+
+
 def test_delta_table_build() -> None:
     """The ``delta_table=True`` benchmark build (measured and not kept, benchmarks/RESULTS.md,
     thirtieth session): the attention kernel launches 384 threads (no delta warpgroup: no 64x8

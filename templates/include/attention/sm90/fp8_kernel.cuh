@@ -75,6 +75,13 @@ struct Fp8Params {
   float c;  // fp32(softmax_scale) * fp32(log2 e)
 };
 
+// head * stride as an unsigned 32 x 32 -> 64-bit product (both are >= 0): the int64 product needs
+// the stride's sign word, which the compiler hoists out of the item loop and keeps in a register
+// across the tile loop.
+__device__ __forceinline__ uint64_t head_offset(int head, int stride) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(head)) * static_cast<uint32_t>(stride);
+}
+
 // ---- producer ----------------------------------------------------------------------------------
 
 // The copies of one item: its Q block, then its K and V^T tiles as ring slots free up.
@@ -149,12 +156,28 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
+// kNextItem builds (Fp8Options::kPrefetchNext): item `it`'s Q block (the box of its q_full copy) and
+// its rows' Q scales into L2: hints that nothing waits for. The scales through the 16-byte-aligned
+// span inside them (the bulk prefetch's alignment; never past the rows' own bytes).
+__device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const CUtensorMap* tm_q, const WorkItem& it) {
+  ptx::tma_prefetch_l2_3d(tm_q, 0, it.row_begin, it.head);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p.q_scales + head_offset(it.head, p.tokens) + it.row_begin);
+  const uintptr_t end = first + static_cast<uintptr_t>(it.row_end - it.row_begin) * sizeof(float);
+  const uintptr_t begin16 = (first + 15) & ~uintptr_t{15}, end16 = end & ~uintptr_t{15};
+  if (end16 > begin16) {
+    ptx::bulk_prefetch_l2(reinterpret_cast<const void*>(begin16), static_cast<uint32_t>(end16 - begin16));
+  }
+}
+
 // The producer thread. kDynamic: the dynamic item order (tile_scheduler.cuh): it draws each next
 // item and publishes it in sm.item with the q_full arrival, once every reader has read the last
 // one (sm.item.empty).
 // kQRaw: the kQInKernel builds' Q path (produce_item); the producer then waits for the staging
 // area (q_staging), not sm.q, which the quantizer warps fill.
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, bool kQRaw = false, class Smem>
+// kNextItem: the static order's next item's Q into L2 once this item's copies are issued
+// (prefetch_next_q).
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, bool kQRaw = false, bool kNextItem = false,
+          class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
@@ -167,6 +190,9 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
       // kQRaw: the tile loop rolled (unrolled as production's, it spilled 56 bytes of the
       // producer warpgroup's 24 registers once the quantizer warps' code shared the region).
       produce_item<kWaitSleepNs, kQRaw, kCopyKv, kCtas, kQRaw>(sm, tm_q, tm_k, tm_v, it, slot);
+      if constexpr (kNextItem) {
+        if (i + 1 < p.schedule.end()) prefetch_next_q(p, tm_q, schedule_item<kCtas>(p.plan, p.schedule, i + 1));
+      }
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -216,13 +242,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16
     ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
-}
-
-// head * stride as an unsigned 32 x 32 -> 64-bit product (both are >= 0): the int64 product needs
-// the stride's sign word, which the compiler hoists out of the item loop and keeps in a register
-// across the tile loop.
-__device__ __forceinline__ uint64_t head_offset(int head, int stride) {
-  return static_cast<uint64_t>(static_cast<uint32_t>(head)) * static_cast<uint32_t>(stride);
 }
 
 // Waits for the K tile of `slot` and issues S = Q K^T on it.
@@ -328,7 +347,8 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 // (KernelConfig flags, templates/attention_fp8_wgmma.cu.jinja) change some.
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
-          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0>
+          int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
+          bool PrefetchNextItem = false>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -357,6 +377,12 @@ struct Fp8Options {
   // then skip Q.
   // 1: one hand-off of the whole block (q_full, q_empty); 2: one per consumer, each consumer's rows
   // written as soon as it released them (QStaging::q_full / q_empty).
+  // The producer prefetches its next item's Q block and Q scales into L2 once this item's copies
+  // are issued (benchmark builds; prefetch_next_q): both are read once per item, from DRAM on the
+  // item boundary's chain otherwise. The static order, one CTA a cluster, the codes' Q path.
+  static constexpr bool kPrefetchNext = PrefetchNextItem;
+  static_assert(!PrefetchNextItem || (!DynamicOrder && ClusterCtas == 1 && QInKernel == 0),
+                "prefetch_next_item: the static order, clusters of one, Q from the pre-pass");
   static constexpr bool kQInKernel = QInKernel != 0;
   static constexpr bool kQPerConsumer = QInKernel == 2;
   static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
@@ -686,8 +712,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas, Opt::kQInKernel>(sm, &tm_q, &tm_k,
-                                                                                                  &tm_v, p);
+      produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas, Opt::kQInKernel, Opt::kPrefetchNext>(
+          sm, &tm_q, &tm_k, &tm_v, p);
     } else if (Opt::kQInKernel && threadIdx.x >= 32) {
       // q_scales is the workspace region the binding passes (writable; Fp8Params keeps it const
       // for the consumers' reads).

@@ -142,6 +142,12 @@ enum Nvfp4Variant : int {
   // wait: without it ptxas computes the exponent arguments under the PV and leaves the 64
   // MUFU.EX2 and the row sums behind the wait.
   kPinExponentials = 131072,
+  // Not in production (a benchmark build adds it): once the TMA thread has drawn its next item
+  // (after this item's last copies are issued, one to two tiles before this item ends), it
+  // prefetches that item's Q block and qbar row into L2 (prefetch_next_item_operands), so that
+  // the Q copy after both consumers' last QK^T and the delta warpgroup's qbar load, both on the
+  // item boundary's chain, read L2 rather than DRAM.
+  kPrefetchNextItem = 262144,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -218,6 +224,18 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
+// kPrefetchNextItem builds: item w's Q block (the two boxes its q_full copies read) and qbar row
+// into L2, hints that nothing waits for. Both are read once per item, so without them they come
+// from DRAM while the item boundary waits.
+__device__ __forceinline__ void prefetch_next_item_operands(const Nvfp4Params& p, const CUtensorMap* tm_q, int w) {
+  if (!has_item(p.plan, w)) return;
+  const WorkItem it = work_item(p.plan, w);
+  ptx::tma_prefetch_l2_3d(tm_q, 0, it.row_begin, it.head);
+  ptx::tma_prefetch_l2_3d(tm_q, 64, it.row_begin, it.head);
+  const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
+  ptx::bulk_prefetch_l2(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, kHeadDim * sizeof(float));
+}
+
 // The item's row of the delta table (kDeltaTable builds).
 __device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt, const WorkItem& it) {
   const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
@@ -227,7 +245,9 @@ __device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt,
 
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer. dt: the delta table (kTable builds only).
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
+// kNextItem (kPrefetchNextItem builds, dynamic order): the next item's Q block and qbar into L2 once drawn.
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, bool kNextItem = false,
+          class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p,
                                               const DeltaTableRef& dt) {
@@ -253,6 +273,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
                                                              kTable ? delta_table_row(dt, it) : nullptr);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
+      if constexpr (kNextItem) prefetch_next_item_operands(p, tm_q, w);
     }
   }
 }
@@ -649,7 +670,9 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p, dt);
+        constexpr bool kNextItem = (kVariant & kPrefetchNextItem) != 0;
+        static_assert(!kNextItem || kDynamic, "prefetch_next_item: with the dynamic item order");
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem>(sm, &tm_q, &tm_k, &tm_v, p, dt);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
