@@ -32,9 +32,10 @@ included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
-a barrier of their own); ``prefetch_next_item=True`` (the producer prefetches its next item's Q block
-and Q scales into L2 once this item's copies are issued). Both: ``register_usage_level`` (ptxas's scheduling knob, jit/modules.py:
-production 8), ``ping_pong=False`` (the two consumer warpgroups' GEMM phases not ordered),
+a barrier of their own); ``prefetch_next_item=True`` (the producer prefetches its next item's Q
+block and Q scales into L2 once this item's copies are issued). Both: ``register_usage_level``
+(ptxas's scheduling knob, jit/modules.py: production 8), ``ping_pong=False`` (the two consumer
+warpgroups' GEMM phases not ordered),
 ``wait_sleep_ns=0`` (the producer warpgroup's waits poll instead of suspending),
 ``dynamic_schedule`` (NVFP4: False, the CTAs stride statically over the items instead of drawing
 them from a counter; FP8: True, the other way round), ``smem_carveout`` (the preferred shared-memory

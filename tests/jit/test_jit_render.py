@@ -222,17 +222,17 @@ def test_flags_order_does_not_matter() -> None:
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
              "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1,",
-             "/*q_in_kernel=*/0>"],
+             "/*q_in_kernel=*/0,", "/*prefetch_next_item=*/false>"],
         ),
         (
             "fp8_wgmma",
             {"poly_exp2_every": 8, "ping_pong": False, "stages": 3, "softmax": False,
              "o_update": False, "wait_sleep_ns": 0, "dynamic_schedule": True, "tile_keys": 128,
-             "kv_copies": False, "cluster_ctas": 2, "q_in_kernel": 1},
+             "kv_copies": False, "cluster_ctas": 2, "q_in_kernel": 1, "prefetch_next_item": True},
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
-             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1>"],
+             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1,", "/*prefetch_next_item=*/true>"],
         ),
         (
             "nvfp4_wgmma",
@@ -250,6 +250,11 @@ def test_flags_order_does_not_matter() -> None:
              "kVStages = 3;", "kWaitSleepNs = 0;", "& ~fh3::sm90::kFoldPScale",
              "& ~fh3::sm90::kDynamicOrder", "& ~fh3::sm90::kCopyKvTiles",
              "| fh3::sm90::kRowDivisorEpilogue;"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"prefetch_next_item": True},
+            ["| fh3::sm90::kPrefetchNextItem;"],
         ),
         (
             "nvfp4_wgmma",
@@ -305,12 +310,12 @@ def test_prepass_cta_cap_reaches_the_quantize_binding(module: str, flags: dict, 
                          [({}, "true", 0), ({"q_in_kernel": 1}, "false", 1),
                           ({"q_in_kernel": 2}, "false", 2)])
 def test_q_in_kernel_reaches_both_fp8_wgmma_bindings(flags: dict, with_q: str, mode: int) -> None:
-    # The q_in_kernel build: the kernel quantises Q (Fp8Options' last argument) and the module's
+    # The q_in_kernel build: the kernel quantises Q (Fp8Options' q_in_kernel) and the module's
     # pre-pass, rendered with the same flags, skips its Q items (launch_quantize's kWithQ).
     spec = make_spec(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags))
     text = "\n".join(source for _, source in spec.sources)
     assert f"constexpr bool kPrepassWithQ = {with_q};" in text
-    assert f"/*q_in_kernel=*/{mode}>;" in text
+    assert f"/*q_in_kernel=*/{mode}," in text
 
 
 def _flags_read_by(templates: tuple[str, ...]) -> set[str]:
