@@ -88,8 +88,9 @@ def test_matches_production(module: Any, lengths: list[int], heads: int, kind: s
     misplaced half by >= 2.3e-3 on these shapes (6.4e-3 on biased inputs). The shared_space,
     shared_delta_loads, delta_table, pv_under_softmax and prefetch_next_item builds run
     production's arithmetic: identical outputs. The polynomial exponentials (relative error
-    7.6e-5) move P's E2M1 codes where y lies that close to a rounding tie: the tested 2 in 64 measured 6.4e-4 and 8.6e-4 rel
-    L2 against production at h3-mix and h3-10s (benchmarks/RESULTS.md), below 2e-3."""
+    7.6e-5) move P's E2M1 codes where y lies that close to a rounding tie: the tested 2 in 64
+    measured 6.4e-4 and 8.6e-4 rel L2 against production at h3-mix and h3-10s
+    (benchmarks/RESULTS.md), below 2e-3."""
     flags = request.node.callspec.params["module"]
     production = _build({})
     bounds = bounds_of(lengths)
