@@ -136,10 +136,10 @@ register_module(ModuleDef(
     prepass_output="fp16",
     flags=PREPASS_FLAGS + JIT_FLAGS + (
         "delta", "delta_mma_sync", "delta_table", "delta_wgmma_regs", "dynamic_schedule",
-        "f16_rounding", "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong",
-        "poly_exp2_every", "prefetch_next_item", "pv_under_softmax", "quantize_p", "row_divisor",
-        "shared_delta_loads", "shared_space", "smem_carveout", "softmax", "table_prefetch",
-        "v_stages", "wait_sleep_ns", "wide_consumers"),
+        "early_item_publish", "f16_rounding", "fast_rounding", "fold_p_scale", "k_stages",
+        "kv_copies", "ping_pong", "poly_exp2_every", "prefetch_next_item", "pv_under_softmax",
+        "quantize_p", "row_divisor", "shared_delta_loads", "shared_space", "smem_carveout",
+        "softmax", "table_prefetch", "v_stages", "wait_sleep_ns", "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

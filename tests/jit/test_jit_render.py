@@ -253,8 +253,8 @@ def test_flags_order_does_not_matter() -> None:
         ),
         (
             "nvfp4_wgmma",
-            {"prefetch_next_item": True},
-            ["| fh3::sm90::kPrefetchNextItem;"],
+            {"prefetch_next_item": True, "early_item_publish": True},
+            ["| fh3::sm90::kPrefetchNextItem | fh3::sm90::kEarlyItemPublish;"],
         ),
         (
             "nvfp4_wgmma",

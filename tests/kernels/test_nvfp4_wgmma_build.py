@@ -271,20 +271,26 @@ def test_pv_under_softmax_builds(so: Path) -> None:
         assert between - 6 >= exponentials_between, f"pv_under_softmax={level}: {between} MUFU.EX2"
 
 
-def test_prefetch_next_item_build(so: Path) -> None:
+@pytest.mark.parametrize("flags", [{"prefetch_next_item": True}, {"early_item_publish": True},
+                                   {"prefetch_next_item": True, "early_item_publish": True}],
+                         ids=["prefetch", "early-item", "both"])
+def test_item_boundary_builds(so: Path, flags: dict) -> None:
     """``prefetch_next_item=True``: the TMA thread prefetches its next item's Q block (two tensor
     boxes, ``UTMAPF.L2.3D``) and qbar row (``UBLKPF.L2``) into L2; production prefetches nothing.
-    The consumers' code is production's: the same 32 FP16 wgmmas, no local memory."""
+    ``early_item_publish=True``: one more barrier arrival (item_full) than production's. Both
+    keep production's shared memory, 32 FP16 wgmmas and no local memory."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = bt.sass(so, KERNEL)
     assert "UTMAPF" not in production and "UBLKPF" not in production
-    build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
-                                           flags={"prefetch_next_item": True})))
+    build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
     bt.assert_no_local_memory(build, KERNEL)
     sass = bt.sass(build, KERNEL)
-    assert sass.count("UTMAPF.L2.3D") == 2 and sass.count("UBLKPF.L2") == 1
+    prefetch = bool(flags.get("prefetch_next_item"))
+    assert sass.count("UTMAPF.L2.3D") == 2 * prefetch and sass.count("UBLKPF.L2") == prefetch
     assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+    smem = int(bt.load(build).attention_nvfp4_wgmma_smem_bytes())
+    assert smem == int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
 
 
 def test_delta_table_build() -> None:
@@ -326,11 +332,14 @@ def test_delta_table_build() -> None:
     {"delta_mma_sync": True, "wide_consumers": True},
     {"delta_wgmma_regs": True, "wide_consumers": True},
     {"pv_under_softmax": 3},
+    {"early_item_publish": True, "delta_mma_sync": True},
+    {"early_item_publish": True, "dynamic_schedule": False},
 ])
 def test_conflicting_delta_flags_do_not_build(flags: dict) -> None:
-    """Two delta forms at once, the wide consumers without the SS delta, or a pv_under_softmax
-    level the kernel does not have stop the compile with an error naming the flags (rather than
-    building one form quietly, which a benchmark would then label as another)."""
+    """Two delta forms at once, the wide consumers without the SS delta, a pv_under_softmax
+    level the kernel does not have, or the early item hand-off without the delta warpgroup or the
+    dynamic order stop the compile with an error naming the flags (rather than building one form
+    quietly, which a benchmark would then label as another)."""
     from flashinfer_h3.jit import KernelConfig, build_module
     from flashinfer_h3.jit.env import JitBuildError
 

@@ -148,6 +148,11 @@ enum Nvfp4Variant : int {
   // the Q copy after both consumers' last QK^T and the delta warpgroup's qbar load, both on the
   // item boundary's chain, read L2 rather than DRAM.
   kPrefetchNextItem = 262144,
+  // Not in production (a benchmark build adds it): the TMA thread arrives on item_full as soon as
+  // it has published the item, before the item's Q copy, and the delta warpgroup takes the item
+  // on that barrier rather than on q_full: its qbar load and the first tile's delta then overlap
+  // the Q copy instead of following it on the item boundary's chain.
+  kEarlyItemPublish = 524288,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -246,8 +251,9 @@ __device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt,
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
 // (tile_scheduler.cuh), as the FP8 kernel's producer. dt: the delta table (kTable builds only).
 // kNextItem (kPrefetchNextItem builds, dynamic order): the next item's Q block and qbar into L2 once drawn.
+// kEarlyItem (kEarlyItemPublish builds, dynamic order): item_full arrived on once the item is published.
 template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, bool kNextItem = false,
-          class Smem>
+          bool kEarlyItem = false, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p,
                                               const DeltaTableRef& dt) {
@@ -265,6 +271,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.item.empty, (items & 1u) ^ 1u);
       sm.item.publish(w);
+      if constexpr (kEarlyItem) ptx::mbarrier_arrive(&sm.item_full);  // release: the slot's write first
       if (!has_item(p.plan, w)) {
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
@@ -281,10 +288,11 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
 // The next item of a reader (a delta thread or a consumer thread), its `items`-th: in the dynamic
 // order the producer's (after its q_full arrival), else w as the static loop has it. False at
 // the end. kWaitSleepNs: the reader's suspend-time hint (0: polling).
-template <bool kDynamic, uint32_t kWaitSleepNs, class Smem>
+// kEarlyItem: on item_full (the early_item_publish build's delta warpgroup) instead of q_full.
+template <bool kDynamic, uint32_t kWaitSleepNs, bool kEarlyItem = false, class Smem>
 __device__ __forceinline__ bool take_item(Smem& sm, const PlanTables& plan, uint32_t items, int& w, WorkItem& it) {
   if constexpr (kDynamic) {
-    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_full, items & 1u);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(kEarlyItem ? &sm.item_full : &sm.q_full, items & 1u);
     w = sm.item.read();
   }
   if (!has_item(plan, w)) return false;
@@ -307,7 +315,10 @@ __device__ __forceinline__ void delta_tile_loop(Smem& sm, const Nvfp4Params& p, 
   RingSlot slot;
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
-    if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
+    if (!take_item<kDynamic, kWaitSleepNs, (kVariant & kEarlyItemPublish) != 0>(sm, p.plan,
+                                                                                 static_cast<uint32_t>(items), w, it)) {
+      break;
+    }
     if constexpr (!kDynamic) w += gridDim.x;
     // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
@@ -643,7 +654,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                 "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
   static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
   if (threadIdx.x == 0) {
-    init_barriers<kDeltaWg, kTable>(sm);
+    init_barriers<kDeltaWg, kTable, (kVariant & kEarlyItemPublish) != 0>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
@@ -671,8 +682,11 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
         constexpr bool kNextItem = (kVariant & kPrefetchNextItem) != 0;
-        static_assert(!kNextItem || kDynamic, "prefetch_next_item: with the dynamic item order");
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem>(sm, &tm_q, &tm_k, &tm_v, p, dt);
+        constexpr bool kEarlyItem = (kVariant & kEarlyItemPublish) != 0;
+        static_assert(!(kNextItem || kEarlyItem) || kDynamic,
+                      "prefetch_next_item, early_item_publish: with the dynamic item order");
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem, kEarlyItem>(sm, &tm_q, &tm_k, &tm_v, p,
+                                                                                       dt);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
