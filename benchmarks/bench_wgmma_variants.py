@@ -23,7 +23,8 @@ of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``pv
 (1: QK^T(t) before PV(t - 1) in each GEMM phase, the softmax's first part while that PV runs; 2:
 its 64 exponentials pinned there too), ``prefetch_next_item=True`` (the TMA thread prefetches its
 next item's Q block and qbar row into L2 once it has drawn that item), ``early_item_publish=True``
-(the delta warpgroup takes each item as soon as it is published, before its Q block is in). FP8
+(the delta warpgroup takes each item as soon as it is published, before its Q block is in),
+``store_under_qk=True`` (each item's output written while the next item's first QK^T runs). FP8
 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
@@ -134,6 +135,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "item published to the delta warpgroup before its Q copy": {"early_item_publish": True},
         "next item's Q prefetched and published early to the delta warpgroup":
             {"prefetch_next_item": True, "early_item_publish": True},
+        "item output stored under the next item's first QK^T": {"store_under_qk": True},
+        "next item's Q prefetched, published early, output stored under the next QK^T":
+            {"prefetch_next_item": True, "early_item_publish": True, "store_under_qk": True},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

@@ -139,7 +139,8 @@ register_module(ModuleDef(
         "early_item_publish", "f16_rounding", "fast_rounding", "fold_p_scale", "k_stages",
         "kv_copies", "ping_pong", "poly_exp2_every", "prefetch_next_item", "pv_under_softmax",
         "quantize_p", "row_divisor", "shared_delta_loads", "shared_space", "smem_carveout",
-        "softmax", "table_prefetch", "v_stages", "wait_sleep_ns", "wide_consumers"),
+        "softmax", "store_under_qk", "table_prefetch", "v_stages", "wait_sleep_ns",
+        "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

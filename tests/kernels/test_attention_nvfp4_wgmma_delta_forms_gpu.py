@@ -13,8 +13,9 @@ and order, so bit for bit production's), and QK^T(t) issued before PV(t - 1) wit
 exponential part under that PV (``pv_under_softmax=1`` and ``=2``: the same arithmetic, bit for
 bit production's), and the TMA thread's L2 prefetch of its next item's Q block and qbar row
 (``prefetch_next_item=True``: hints only, bit for bit production's), with the delta warpgroup
-taking each item before its Q block is in (``early_item_publish=True``, the same arithmetic); sm_90a
-only.
+taking each item before its Q block is in (``early_item_publish=True``), and each item's output
+written while the next item's first QK^T runs (``store_under_qk=True``, in both item orders: the
+same arithmetic); sm_90a only.
 
 The builds are not production, but their output is attention and is measured against production
 (benchmarks/bench_wgmma_variants.py, bench_energy.py), so it must be right first: this file reruns
@@ -73,9 +74,11 @@ def _build(flags: dict[str, Any]) -> Any:
     {"pv_under_softmax": 2},
     {"prefetch_next_item": True},
     {"prefetch_next_item": True, "early_item_publish": True},
+    {"store_under_qk": True},
+    {"store_under_qk": True, "dynamic_schedule": False},
 ], ids=["mma_sync", "wgmma_regs", "static", "narrow", "shared_space", "shared_delta_loads",
         "poly_exp2", "delta_table", "pv_under_softmax", "pv_under_softmax_pinned",
-        "prefetch_next_item", "early_item_publish"])
+        "prefetch_next_item", "early_item_publish", "store_under_qk", "store_under_qk_static"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 
@@ -89,11 +92,11 @@ def test_matches_production(module: Any, lengths: list[int], heads: int, kind: s
     """The same products, summed by the tensor core in another order: on the reference
     emulation such reorderings move the output by <= 7e-5 (rel L2), a wrong lo part or a
     misplaced half by >= 2.3e-3 on these shapes (6.4e-3 on biased inputs). The shared_space,
-    shared_delta_loads, delta_table, pv_under_softmax, prefetch_next_item and early_item_publish
-    builds run production's arithmetic: identical outputs. The polynomial exponentials (relative
-    error 7.6e-5) move P's E2M1 codes where y lies that close to a rounding tie: the tested 2 in 64
-    measured 6.4e-4 and 8.6e-4 rel L2 against production at h3-mix and h3-10s
-    (benchmarks/RESULTS.md), below 2e-3."""
+    shared_delta_loads, delta_table, pv_under_softmax, prefetch_next_item, early_item_publish and
+    store_under_qk builds run production's arithmetic: identical outputs. The polynomial
+    exponentials (relative error 7.6e-5) move P's E2M1 codes where y lies that close to a rounding
+    tie: the tested 2 in 64 measured 6.4e-4 and 8.6e-4 rel L2 against production at h3-mix and
+    h3-10s (benchmarks/RESULTS.md), below 2e-3."""
     flags = request.node.callspec.params["module"]
     production = _build({})
     bounds = bounds_of(lengths)
@@ -104,7 +107,7 @@ def test_matches_production(module: Any, lengths: list[int], heads: int, kind: s
     assert torch.isfinite(got).all() and not got.guard.isfinite().any()
     diff = ((got.double() - expected.double()).norm() / expected.double().norm()).item()
     same_arithmetic = ("shared_space", "shared_delta_loads", "delta_table", "pv_under_softmax",
-                       "prefetch_next_item", "early_item_publish")
+                       "prefetch_next_item", "early_item_publish", "store_under_qk")
     if any(flags.get(name) for name in same_arithmetic):
         assert torch.equal(got, expected), f"{flags} build vs production: rel L2 {diff:.2e}"
         return

@@ -272,13 +272,16 @@ def test_pv_under_softmax_builds(so: Path) -> None:
 
 
 @pytest.mark.parametrize("flags", [{"prefetch_next_item": True}, {"early_item_publish": True},
-                                   {"prefetch_next_item": True, "early_item_publish": True}],
-                         ids=["prefetch", "early-item", "both"])
+                                   {"prefetch_next_item": True, "early_item_publish": True},
+                                   {"store_under_qk": True}],
+                         ids=["prefetch", "early-item", "both", "store-under-qk"])
 def test_item_boundary_builds(so: Path, flags: dict) -> None:
     """``prefetch_next_item=True``: the TMA thread prefetches its next item's Q block (two tensor
     boxes, ``UTMAPF.L2.3D``) and qbar row (``UBLKPF.L2``) into L2; production prefetches nothing.
-    ``early_item_publish=True``: one more barrier arrival (item_full) than production's. Both
-    keep production's shared memory, 32 FP16 wgmmas and no local memory."""
+    ``early_item_publish=True``: the delta warpgroup takes the item on a barrier of its own.
+    ``store_under_qk=True``: the output written under the next item's first QK^T (production's
+    wgmma waits: no wgmma serialised around the store's division calls). All keep production's
+    shared memory, 32 FP16 wgmmas and no local memory."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = bt.sass(so, KERNEL)
@@ -289,6 +292,7 @@ def test_item_boundary_builds(so: Path, flags: dict) -> None:
     prefetch = bool(flags.get("prefetch_next_item"))
     assert sass.count("UTMAPF.L2.3D") == 2 * prefetch and sass.count("UBLKPF.L2") == prefetch
     assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+    assert sass.count("WARPGROUP.DEPBAR") == production.count("WARPGROUP.DEPBAR")
     smem = int(bt.load(build).attention_nvfp4_wgmma_smem_bytes())
     assert smem == int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
 

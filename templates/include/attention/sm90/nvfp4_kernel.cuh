@@ -153,6 +153,11 @@ enum Nvfp4Variant : int {
   // on that barrier rather than on q_full: its qbar load and the first tile's delta then overlap
   // the Q copy instead of following it on the item boundary's chain.
   kEarlyItemPublish = 524288,
+  // Not in production (a benchmark build adds it): an item's output is written while the next
+  // item's first QK^T runs (after that GEMM phase hands the turn on), not before the consumer takes
+  // the next item: the epilogue leaves the item boundary's chain for the tensor cores' shadow. O
+  // is zeroed after the store, before the first softmax.
+  kDeferredStore = 1048576,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -556,6 +561,18 @@ __device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const N
   }
 }
 
+// The output of item w (its rows' l in l; kDeferredStore builds: the previous item's).
+template <bool kRowDivisor>
+__device__ __forceinline__ void store_item_output(const float (&o)[64], const float (&l)[2], int w,
+                                                  const Nvfp4Params& p, int row_in_block, int quad_col) {
+  Nvfp4RowState st;
+  st.l[0] = l[0];
+  st.l[1] = l[1];
+  // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
+  const WorkItem again = work_item(p.plan, w);
+  store_output_nvfp4<kRowDivisor>(o, st, again, again.row_begin + row_in_block, p, quad_col);
+}
+
 // `consumer` (0 or 1) is a runtime value: one copy of this code serves both warpgroups, which
 // halves the kernel's instructions (two copies thrashed the instruction cache: "no instruction"
 // stalls, benchmarks/RESULTS.md).
@@ -563,6 +580,8 @@ template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
   constexpr bool kSharedDelta = (kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0;  // load_delta's form
   constexpr bool kTable = (kVariant & kDeltaTable) != 0;
+  constexpr bool kDeferred = (kVariant & kDeferredStore) != 0;
+  constexpr bool kRowDivisor = (kVariant & kRowDivisorEpilogue) != 0;
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
@@ -579,12 +598,19 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 
   RingSlot slot;
   uint32_t items = 0;
+  int w_prev = -1;  // kDeferred: the item whose output o still holds (-1: none)
   for (int w = blockIdx.x;; ++items) {
     WorkItem it;
+    if constexpr (kDeferred) {  // the last item taken: the dynamic order's w, the static one's before its stride
+      w_prev = items == 0 ? -1 : (kVariant & kDynamicOrder) != 0 ? w : w - static_cast<int>(gridDim.x);
+    }
     if (!take_item<(kVariant & kDynamicOrder) != 0, 0>(sm, p.plan, items, w, it)) break;
+    const float l_prev[2] = {st.l[0], st.l[1]};
     st.reset();
+    if constexpr (!kDeferred) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+      for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    }
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     if constexpr ((kVariant & kDynamicOrder) == 0) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
@@ -594,6 +620,12 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
+    if constexpr (kDeferred) {
+      // The previous item's output while this QK^T runs (o is none of its operands), then O = 0.
+      if (w_prev >= 0) store_item_output<kRowDivisor>(o, l_prev, w_prev, p, row_in_block, quad_col);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    }
     ptx::wgmma_wait<0>();
     after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
@@ -619,12 +651,13 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     ptx::fence_operands(o);
     ptx::fence_operands(pa);
     if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
-    // The item's rows again (L1-resident table reads; the dynamic order's slot may hold the next
-    // item by now) instead of keeping them live across the loop.
-    const WorkItem again = work_item(p.plan, w);
-    store_output_nvfp4<(kVariant & kRowDivisorEpilogue) != 0>(o, st, again, again.row_begin + row_in_block, p,
-                                                              quad_col);
+    // (the dynamic order's slot may hold the next item by now: w, not the slot, names this one)
+    if constexpr (!kDeferred) store_item_output<kRowDivisor>(o, st.l, w, p, row_in_block, quad_col);
     if constexpr ((kVariant & kDynamicOrder) == 0) w += gridDim.x;
+  }
+  // kDeferred: the last item's output (no QK^T left to hide it under; st.l is still its own).
+  if constexpr (kDeferred) {
+    if (w_prev >= 0) store_item_output<kRowDivisor>(o, st.l, w_prev, p, row_in_block, quad_col);
   }
   turn.finish();
 }
