@@ -30,16 +30,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, uint64_
       : "memory");
 }
 
-// cp.async.bulk.prefetch.tensor.3d.L2.global.tile (PTX ISA 9.7.9.25.5.3,
-// "cp.async.bulk.prefetch.tensor"): the box at (c0, c1, c2) of the map into L2, elements outside
-// the tensor skipped; a hint, with no completion to wait for.
-__device__ __forceinline__ void tma_prefetch_l2_3d(const void* tmap, int32_t c0, int32_t c1, int32_t c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // The same copy with .multicast::cluster: the box lands at `dst`'s offset in the shared memory
 // of every CTA of the cluster whose bit is set in `cta_mask`, and completes on the mbarrier at
 // `bar`'s offset in each of them (each counts the box's bytes).

@@ -73,6 +73,7 @@ struct Fp8Params {
   int tokens;
   int k_scale_stride;
   float c;  // fp32(softmax_scale) * fp32(log2 e)
+  const uint8_t* q_codes;  // [H, T, 128], what tm_q maps (kPrefetchNext builds; last: production's offsets unchanged)
 };
 
 // head * stride as an unsigned 32 x 32 -> 64-bit product (both are >= 0): the int64 product needs
@@ -159,8 +160,11 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // kNextItem builds (Fp8Options::kPrefetchNext): item `it`'s Q block (the box of its q_full copy) and
 // its rows' Q scales into L2: hints that nothing waits for. The scales through the 16-byte-aligned
 // span inside them (the bulk prefetch's alignment; never past the rows' own bytes).
-__device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const CUtensorMap* tm_q, const WorkItem& it) {
-  ptx::tma_prefetch_l2_3d(tm_q, 0, it.row_begin, it.head);
+// The Q block's code rows are contiguous (128 bytes each): one bulk prefetch (the tensor-map form
+// over-fetched, see nvfp4_kernel.cuh prefetch_next_item_operands).
+__device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const WorkItem& it) {
+  ptx::bulk_prefetch_l2(p.q_codes + (head_offset(it.head, p.tokens) + it.row_begin) * kHeadDim,
+                        static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim);
   const uintptr_t first = reinterpret_cast<uintptr_t>(p.q_scales + head_offset(it.head, p.tokens) + it.row_begin);
   const uintptr_t end = first + static_cast<uintptr_t>(it.row_end - it.row_begin) * sizeof(float);
   const uintptr_t begin16 = (first + 15) & ~uintptr_t{15}, end16 = end & ~uintptr_t{15};
@@ -191,7 +195,7 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
       // producer warpgroup's 24 registers once the quantizer warps' code shared the region).
       produce_item<kWaitSleepNs, kQRaw, kCopyKv, kCtas, kQRaw>(sm, tm_q, tm_k, tm_v, it, slot);
       if constexpr (kNextItem) {
-        if (i + 1 < p.schedule.end()) prefetch_next_q(p, tm_q, schedule_item<kCtas>(p.plan, p.schedule, i + 1));
+        if (i + 1 < p.schedule.end()) prefetch_next_q(p, schedule_item<kCtas>(p.plan, p.schedule, i + 1));
       }
     }
   } else {

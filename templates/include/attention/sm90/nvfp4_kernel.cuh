@@ -189,6 +189,13 @@ struct Nvfp4Params {
   float c;             // fp32(softmax_scale) * fp32(log2 e)
 };
 
+// What the kPrefetchNextItem builds' TMA thread prefetches from: the Q operand tm_q maps. The
+// kernel's last parameter, so that production's parameters and code are those of before it.
+struct QOperandRef {
+  const __half* q_f16;  // [H, tokens, 128]
+  int64_t tokens;
+};
+
 // ---- producer warpgroup --------------------------------------------------------------------
 
 // kWaitSleepNs (here, in produce_delta_wg and produce_delta): the suspend-time hint of the
@@ -237,11 +244,15 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // kPrefetchNextItem builds: item w's Q block (the two boxes its q_full copies read) and qbar row
 // into L2, hints that nothing waits for. Both are read once per item, so without them they come
 // from DRAM while the item boundary waits.
-__device__ __forceinline__ void prefetch_next_item_operands(const Nvfp4Params& p, const CUtensorMap* tm_q, int w) {
+// The Q block's rows are contiguous in q_f16 (256 bytes each), so one bulk prefetch covers them.
+// (The tensor-map form, cp.async.bulk.prefetch.tensor of the two boxes, measured 2.1x the
+// kernel's L2 read sectors and +2.9 GB of DRAM reads at h3-10s on an H100: far more than the
+// boxes; benchmarks/RESULTS.md, thirty-second session.)
+__device__ __forceinline__ void prefetch_next_item_operands(const Nvfp4Params& p, const QOperandRef& qr, int w) {
   if (!has_item(p.plan, w)) return;
   const WorkItem it = work_item(p.plan, w);
-  ptx::tma_prefetch_l2_3d(tm_q, 0, it.row_begin, it.head);
-  ptx::tma_prefetch_l2_3d(tm_q, 64, it.row_begin, it.head);
+  const __half* q = qr.q_f16 + (static_cast<int64_t>(it.head) * qr.tokens + it.row_begin) * kHeadDim;
+  ptx::bulk_prefetch_l2(q, static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim * sizeof(__half));
   const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
   ptx::bulk_prefetch_l2(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, kHeadDim * sizeof(float));
 }
@@ -261,7 +272,7 @@ template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int k
           bool kEarlyItem = false, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const Nvfp4Params& p,
-                                              const DeltaTableRef& dt) {
+                                              const DeltaTableRef& dt, const QOperandRef& qr = {}) {
   RingSlot slot;
   uint32_t items = 0;
   if constexpr (!kDynamic) {
@@ -285,7 +296,7 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
       produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
                                                              kTable ? delta_table_row(dt, it) : nullptr);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
-      if constexpr (kNextItem) prefetch_next_item_operands(p, tm_q, w);
+      if constexpr (kNextItem) prefetch_next_item_operands(p, qr, w);
     }
   }
 }
@@ -672,7 +683,7 @@ template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStag
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p,
-                                 const DeltaTableRef dt) {
+                                 const DeltaTableRef dt, const QOperandRef qr) {
   using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
   Smem& sm = (kVariant & kSharedSpace) != 0 ? aligned_shared_storage<Smem>(dynamic_smem)
@@ -719,7 +730,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
         static_assert(!(kNextItem || kEarlyItem) || kDynamic,
                       "prefetch_next_item, early_item_publish: with the dynamic item order");
         produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem, kEarlyItem>(sm, &tm_q, &tm_k, &tm_v, p,
-                                                                                       dt);
+                                                                                       dt, qr);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
