@@ -157,11 +157,11 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
-// kNextItem builds (Fp8Options::kPrefetchNext): item `it`'s Q block (the box of its q_full copy) and
-// its rows' Q scales into L2: hints that nothing waits for. The scales through the 16-byte-aligned
-// span inside them (the bulk prefetch's alignment; never past the rows' own bytes).
-// The Q block's code rows are contiguous (128 bytes each): one bulk prefetch (the tensor-map form
-// over-fetched, see nvfp4_kernel.cuh prefetch_next_item_operands).
+// kNextItem builds (Fp8Options::kPrefetchNext): item `it`'s Q block and its rows' Q scales into L2,
+// hints that nothing waits for. The block's code rows are contiguous (128 bytes each): one bulk
+// prefetch (the tensor-map form over-fetched: nvfp4_kernel.cuh prefetch_next_item_operands). The
+// scales through the 16-byte-aligned span inside them (the bulk prefetch's alignment; never past
+// the rows' own bytes).
 __device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const WorkItem& it) {
   ptx::bulk_prefetch_l2(p.q_codes + (head_offset(it.head, p.tokens) + it.row_begin) * kHeadDim,
                         static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim);
@@ -384,6 +384,9 @@ struct Fp8Options {
   // The producer prefetches its next item's Q block and Q scales into L2 once this item's copies
   // are issued (benchmark builds; prefetch_next_q): both are read once per item, from DRAM on the
   // item boundary's chain otherwise. The static order, one CTA a cluster, the codes' Q path.
+  // (The tensor-map form measured +0.4 / -2.1 / -0.9 % at h3-mix / h3-10s / 333-token segments,
+  // within the rounds' spread, and over-fetched in the NVFP4 kernel; this bulk form is not
+  // measured yet: benchmarks/RESULTS.md, thirty-second session.)
   static constexpr bool kPrefetchNext = PrefetchNextItem;
   static_assert(!PrefetchNextItem || (!DynamicOrder && ClusterCtas == 1 && QInKernel == 0),
                 "prefetch_next_item: the static order, clusters of one, Q from the pre-pass");

@@ -146,17 +146,22 @@ enum Nvfp4Variant : int {
   // (after this item's last copies are issued, one to two tiles before this item ends), it
   // prefetches that item's Q block and qbar row into L2 (prefetch_next_item_operands), so that
   // the Q copy after both consumers' last QK^T and the delta warpgroup's qbar load, both on the
-  // item boundary's chain, read L2 rather than DRAM.
+  // item boundary's chain, read L2 rather than DRAM. (Its first form, a tensor-map prefetch of
+  // the Q boxes, over-fetched and measured 1-2 % slower; this bulk form is not measured yet:
+  // benchmarks/RESULTS.md, thirty-second session.)
   kPrefetchNextItem = 262144,
   // Not in production (a benchmark build adds it): the TMA thread arrives on item_full as soon as
   // it has published the item, before the item's Q copy, and the delta warpgroup takes the item
   // on that barrier rather than on q_full: its qbar load and the first tile's delta then overlap
-  // the Q copy instead of following it on the item boundary's chain.
+  // the Q copy instead of following it on the item boundary's chain. Alone at a locked clock:
+  // production's cycles (-0.1 %, h3-10s, H100; thirty-second session).
   kEarlyItemPublish = 524288,
   // Not in production (a benchmark build adds it): an item's output is written while the next
   // item's first QK^T runs (after that GEMM phase hands the turn on), not before the consumer takes
   // the next item: the epilogue leaves the item boundary's chain for the tensor cores' shadow. O
-  // is zeroed after the store, before the first softmax.
+  // is zeroed after the store, before the first softmax. Measured on an H100, kernel alone: +1.5 %
+  // (h3-mix), +2.8 % (h3-10s), +10.8 % (184 segments of 333 tokens): the divisions beside the
+  // consumer's own wgmma take longer than the store alone did (thirty-second session).
   kDeferredStore = 1048576,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
