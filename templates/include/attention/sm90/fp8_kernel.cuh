@@ -73,7 +73,8 @@ struct Fp8Params {
   int tokens;
   int k_scale_stride;
   float c;  // fp32(softmax_scale) * fp32(log2 e)
-  const uint8_t* q_codes;  // [H, T, 128], what tm_q maps (kPrefetchNext builds; last: production's offsets unchanged)
+  // [H, T, 128], what tm_q maps (kPrefetchNext builds; last, so production's offsets are unchanged)
+  const uint8_t* q_codes;
 };
 
 // head * stride as an unsigned 32 x 32 -> 64-bit product (both are >= 0): the int64 product needs

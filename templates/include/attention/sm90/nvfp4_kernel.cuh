@@ -246,12 +246,11 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
-// kPrefetchNextItem builds: item w's Q block (the two boxes its q_full copies read) and qbar row
-// into L2, hints that nothing waits for. Both are read once per item, so without them they come
-// from DRAM while the item boundary waits.
-// The Q block's rows are contiguous in q_f16 (256 bytes each), so one bulk prefetch covers them.
-// (The tensor-map form, cp.async.bulk.prefetch.tensor of the two boxes, measured 2.1x the
-// kernel's L2 read sectors and +2.9 GB of DRAM reads at h3-10s on an H100: far more than the
+// kPrefetchNextItem builds: item w's Q block and qbar row into L2, hints that nothing waits for.
+// Both are read once per item, so without them they come from DRAM while the item boundary waits.
+// The block's rows are contiguous in q_f16 (256 bytes each): one bulk prefetch covers them. (The
+// tensor-map form, cp.async.bulk.prefetch.tensor of the two boxes the Q copy reads, measured 2.1x
+// the kernel's L2 read sectors and +2.9 GB of DRAM reads at h3-10s on an H100: far more than the
 // boxes; benchmarks/RESULTS.md, thirty-second session.)
 __device__ __forceinline__ void prefetch_next_item_operands(const Nvfp4Params& p, const QOperandRef& qr, int w) {
   if (!has_item(p.plan, w)) return;
@@ -608,6 +607,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 #pragma unroll
   for (int i = 0; i < 32; ++i) pa[i] = 0u;
   Nvfp4RowState st;
+  if constexpr (kDeferred) st.reset();  // its l is read as the previous item's at every item's start
 
   const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
   turn.start();
@@ -621,7 +621,7 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
       w_prev = items == 0 ? -1 : (kVariant & kDynamicOrder) != 0 ? w : w - static_cast<int>(gridDim.x);
     }
     if (!take_item<(kVariant & kDynamicOrder) != 0, 0>(sm, p.plan, items, w, it)) break;
-    const float l_prev[2] = {st.l[0], st.l[1]};
+    const float l_prev[2] = {st.l[0], st.l[1]};  // kDeferred: the previous item's rows'
     st.reset();
     if constexpr (!kDeferred) {
 #pragma unroll
