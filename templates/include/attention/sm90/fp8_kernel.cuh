@@ -164,9 +164,9 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
 // scales through the 16-byte-aligned span inside them (the bulk prefetch's alignment; never past
 // the rows' own bytes).
 __device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const WorkItem& it) {
-  ptx::bulk_prefetch_l2(p.q_codes + (head_offset(it.head, p.tokens) + it.row_begin) * kHeadDim,
-                        static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim);
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p.q_scales + head_offset(it.head, p.tokens) + it.row_begin);
+  const uint64_t row = head_offset(it.head, p.tokens) + it.row_begin;  // of [H, T]
+  ptx::bulk_prefetch_l2(p.q_codes + row * kHeadDim, static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p.q_scales + row);
   const uintptr_t end = first + static_cast<uintptr_t>(it.row_end - it.row_begin) * sizeof(float);
   const uintptr_t begin16 = (first + 15) & ~uintptr_t{15}, end16 = end & ~uintptr_t{15};
   if (end16 > begin16) {

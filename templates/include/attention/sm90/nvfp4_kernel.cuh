@@ -498,6 +498,14 @@ __device__ __forceinline__ void issue_pv_when_ready(float (&o)[64], const uint32
   issue_pv(o, pa, sm.v[stage][0]);
 }
 
+// Once a QK^T completed (one thread a consumer warpgroup): its K tile, and after the item's last
+// tile the Q block, back to the TMA thread.
+template <class Smem>
+__device__ __forceinline__ void release_qk_operands(Smem& sm, const RingSlot& slot, bool last_tile) {
+  ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
+  if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
+}
+
 // kPvUnderSoftmax: the tile loop's GEMM phase (both wgmma groups issued, QK^T(t) first) and its
 // softmax around the PV(t - 1) still in flight: the exponential part after the QK^T's wait, the
 // O rescale and the P quantisation after the PV's. The releases are after_gemms' (K and Q after
@@ -510,10 +518,7 @@ __device__ __forceinline__ void softmax_under_pv(float (&s)[64], float (&o)[64],
   constexpr bool kQuantize = (kVariant & kQuantizeP) != 0, kFold = (kVariant & kFoldPScale) != 0;
   ptx::wgmma_wait<1>();  // QK^T(t): the older group
   ptx::fence_operands(s);
-  if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
-    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
-  }
+  if (signals_for_warpgroup()) release_qk_operands(sm, slot, last_tile);
   const Nvfp4TileScales<2> scales =
       nvfp4_softmax_exponentials<kQuantize, kFold, 64, kPolyExp2Every>(s, st, c, sm.recip, sm.p_fold);
   if constexpr ((kVariant & kPinExponentials) != 0) {
@@ -541,8 +546,7 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ptx::fence_operands(o);
   ptx::fence_operands(pa);
   if (signals_for_warpgroup()) {
-    ptx::mbarrier_arrive(&sm.k_empty[slot.stage<Smem::kKStages>()]);
-    if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
+    release_qk_operands(sm, slot, last_tile);
     if (pv_done) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
   }
   if constexpr ((kVariant & kSoftmax) != 0) {
@@ -560,32 +564,23 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
   ++slot.index;
 }
 
-// out = bf16_rn(O / l) for the thread's two rows, if they are rows of the block (SPEC 3.8).
+// out = bf16_rn(O / l) for the thread's two rows of item w, if they are rows of its block (SPEC
+// 3.8); l: those rows' shares of the sums (kDeferredStore builds: the previous item's).
 // kRowDivisor: Nvfp4Variant kRowDivisorEpilogue.
-template <bool kRowDivisor>
-__device__ __forceinline__ void store_output_nvfp4(const float (&o)[64], const Nvfp4RowState& st, const WorkItem& it,
-                                                   int row0, const Nvfp4Params& p, int quad_col) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(st.l[r]);
-    const int row = row0 + 8 * r;
-    if (row >= it.row_end) continue;
-    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
-    attention::store_row_bf16<false, kRowDivisor>(dst, nullptr, l,
-                                                  [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
-  }
-}
-
-// The output of item w (its rows' l in l; kDeferredStore builds: the previous item's).
 template <bool kRowDivisor>
 __device__ __forceinline__ void store_item_output(const float (&o)[64], const float (&l)[2], int w,
                                                   const Nvfp4Params& p, int row_in_block, int quad_col) {
-  Nvfp4RowState st;
-  st.l[0] = l[0];
-  st.l[1] = l[1];
   // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
-  const WorkItem again = work_item(p.plan, w);
-  store_output_nvfp4<kRowDivisor>(o, st, again, again.row_begin + row_in_block, p, quad_col);
+  const WorkItem it = work_item(p.plan, w);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_l = quad_sum(l[r]);
+    const int row = it.row_begin + row_in_block + 8 * r;
+    if (row >= it.row_end) continue;
+    __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
+    attention::store_row_bf16<false, kRowDivisor>(dst, nullptr, row_l,
+                                                  [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
+  }
 }
 
 // `consumer` (0 or 1) is a runtime value: one copy of this code serves both warpgroups, which
