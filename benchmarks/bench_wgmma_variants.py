@@ -135,6 +135,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "item published to the delta warpgroup before its Q copy": {"early_item_publish": True},
         "next item's Q prefetched and published early to the delta warpgroup":
             {"prefetch_next_item": True, "early_item_publish": True},
+        "next item's Q prefetched, published early, epilogue through one reciprocal a row":
+            {"prefetch_next_item": True, "early_item_publish": True, "row_divisor": True},
         "item output stored under the next item's first QK^T": {"store_under_qk": True},
         "next item's Q prefetched, published early, output stored under the next QK^T":
             {"prefetch_next_item": True, "early_item_publish": True, "store_under_qk": True},

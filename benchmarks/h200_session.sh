@@ -175,13 +175,16 @@ fi
 
 if [[ $what == boundary ]]; then
     # The item-boundary builds (thirty-second session): the bulk L2 prefetch of the next item's Q
-    # (both kernels) and with it the NVFP4 delta warpgroup's early item hand-off, kernel alone
-    # against production on h3-mix, h3-10s and 184 segments of 333 tokens; then, under Nsight
-    # Compute at h3-10s, the L2 read sectors and DRAM bytes of production and the NVFP4 prefetch
-    # build (the tensor-map form had doubled the sectors). About 4 minutes with a carried cache.
+    # (both kernels) and with it the NVFP4 delta warpgroup's early item hand-off, alone and with
+    # the epilogue through one reciprocal a row (the boundary's two paths shortened together;
+    # the reciprocal epilogue alone too: thirty-third session), kernel alone against production
+    # on h3-mix, h3-10s and 184 segments of 333 tokens; then, under Nsight Compute at h3-10s, the
+    # L2 read sectors and DRAM bytes of production and the NVFP4 prefetch build (the tensor-map
+    # form had doubled the sectors). About 5 minutes with a carried cache.
     {
-        timeout 200 python3 benchmarks/bench_wgmma_variants.py --op nvfp4,fp8 --preset h3-mix,h3-10s \
-            --shape '333*184:56' --only "qbar prefetched,Q prefetched and,Q scales prefetched" \
+        timeout 260 python3 benchmarks/bench_wgmma_variants.py --op nvfp4,fp8 --preset h3-mix,h3-10s \
+            --shape '333*184:56' \
+            --only "qbar prefetched,Q prefetched and,one reciprocal a row,Q scales prefetched" \
             --iters 5 --rounds 3
         # Nvfp4Variant values: production 7679, with kPrefetchNextItem 269823.
         for v in 7679 269823; do

@@ -13,7 +13,8 @@ and order, so bit for bit production's), and QK^T(t) issued before PV(t - 1) wit
 exponential part under that PV (``pv_under_softmax=1`` and ``=2``: the same arithmetic, bit for
 bit production's), and the TMA thread's L2 prefetch of its next item's Q block and qbar row
 (``prefetch_next_item=True``: hints only, bit for bit production's), with the delta warpgroup
-taking each item before its Q block is in (``early_item_publish=True``), and each item's output
+taking each item before its Q block is in (``early_item_publish=True``; and with the epilogue's
+quotients through one reciprocal a row, ``row_divisor=True``: div.rn's bits), and each item's output
 written while the next item's first QK^T runs (``store_under_qk=True``, in both item orders: the
 same arithmetic); sm_90a only.
 
@@ -74,11 +75,13 @@ def _build(flags: dict[str, Any]) -> Any:
     {"pv_under_softmax": 2},
     {"prefetch_next_item": True},
     {"prefetch_next_item": True, "early_item_publish": True},
+    {"prefetch_next_item": True, "early_item_publish": True, "row_divisor": True},
     {"store_under_qk": True},
     {"store_under_qk": True, "dynamic_schedule": False},
 ], ids=["mma_sync", "wgmma_regs", "static", "narrow", "shared_space", "shared_delta_loads",
         "poly_exp2", "delta_table", "pv_under_softmax", "pv_under_softmax_pinned",
-        "prefetch_next_item", "early_item_publish", "store_under_qk", "store_under_qk_static"])
+        "prefetch_next_item", "early_item_publish", "early_item_row_divisor", "store_under_qk",
+        "store_under_qk_static"])
 def module(request: pytest.FixtureRequest) -> Any:
     return _build(request.param)
 

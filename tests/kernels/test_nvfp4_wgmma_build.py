@@ -271,17 +271,23 @@ def test_pv_under_softmax_builds(so: Path) -> None:
         assert between - 6 >= exponentials_between, f"pv_under_softmax={level}: {between} MUFU.EX2"
 
 
+PREFETCH_AND_EARLY = {"prefetch_next_item": True, "early_item_publish": True}
+
+
 @pytest.mark.parametrize("flags", [{"prefetch_next_item": True}, {"early_item_publish": True},
-                                   {"prefetch_next_item": True, "early_item_publish": True},
+                                   PREFETCH_AND_EARLY, {**PREFETCH_AND_EARLY, "row_divisor": True},
                                    {"store_under_qk": True}],
-                         ids=["prefetch", "early-item", "both", "store-under-qk"])
+                         ids=["prefetch", "early-item", "both", "both-row-divisor",
+                              "store-under-qk"])
 def test_item_boundary_builds(so: Path, flags: dict) -> None:
     """``prefetch_next_item=True``: the TMA thread prefetches its next item's Q block and qbar row
     into L2 (two bulk prefetches, ``UBLKPF.L2``); production prefetches nothing.
     ``early_item_publish=True``: the delta warpgroup takes the item on a barrier of its own.
     ``store_under_qk=True``: the output written under the next item's first QK^T (production's
-    wgmma waits: no wgmma serialised around the store's division calls). All keep production's
-    shared memory, 32 FP16 wgmmas and no local memory."""
+    wgmma waits: no wgmma serialised around the store's division calls). ``row_divisor=True``
+    with the first two: both paths of an item boundary shortened at once (benchmarks/RESULTS.md,
+    thirty-third session), the epilogue without div.rn's 64 range checks (``FCHK``) and slow-path
+    calls a thread. All keep production's shared memory, 32 FP16 wgmmas and no local memory."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     production = bt.sass(so, KERNEL)
@@ -293,6 +299,8 @@ def test_item_boundary_builds(so: Path, flags: dict) -> None:
     assert sass.count("UBLKPF.L2") == 2 * prefetch
     assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
     assert sass.count("WARPGROUP.DEPBAR") == production.count("WARPGROUP.DEPBAR")
+    assert production.count("FCHK") == 64
+    assert ("FCHK" in sass) != bool(flags.get("row_divisor"))  # (store_under_qk: two store sites)
     smem = int(bt.load(build).attention_nvfp4_wgmma_smem_bytes())
     assert smem == int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
 

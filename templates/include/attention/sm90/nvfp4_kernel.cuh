@@ -93,7 +93,11 @@ enum Nvfp4Variant : int {
   // row, as the FP8 kernel's does (attention/epilogue.cuh RowDivisor), instead of a div.rn per
   // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
   // twenty-third session, before RowDivisor kept -0 and infinities), and again 0.9-1.3 % slower
-  // on today's kernel (thirty-first session).
+  // on today's kernel (thirty-first session). The div.rn epilogue is one of the item boundary's
+  // two paths (the consumer's: last softmax, last PV, 64 dependent division chains); the other
+  // is the next item's operands (Q copy, qbar load, first delta). Alone, neither change shortens
+  // the boundary if the other path binds: the benchmark build with kPrefetchNextItem and
+  // kEarlyItemPublish shortens both (thirty-third session; not measured yet).
   kRowDivisorEpilogue = 512,
   // The delta products as wgmma m64n8k16 by a warpgroup of their own (produce_delta_wg; 512 threads
   // a CTA). Off (benchmark build delta_mma_sync, production until 2026-12-06): mma.sync m16n8k16
