@@ -97,7 +97,9 @@ enum Nvfp4Variant : int {
   // two paths (the consumer's: last softmax, last PV, 64 dependent division chains); the other
   // is the next item's operands (Q copy, qbar load, first delta). Alone, neither change shortens
   // the boundary if the other path binds: the benchmark build with kPrefetchNextItem and
-  // kEarlyItemPublish shortens both (thirty-third session; not measured yet).
+  // kEarlyItemPublish shortens both: -3.1 % at 3 tiles an item but +1.5 % at h3-mix and +0.6 %
+  // at h3-10s (H100, thirty-fourth session), where every boundary build loses 0.6-2.5 % in a tile
+  // loop that ptxas scheduled anew.
   kRowDivisorEpilogue = 512,
   // The delta products as wgmma m64n8k16 by a warpgroup of their own (produce_delta_wg; 512 threads
   // a CTA). Off (benchmark build delta_mma_sync, production until 2026-12-06): mma.sync m16n8k16
@@ -151,8 +153,10 @@ enum Nvfp4Variant : int {
   // prefetches that item's Q block and qbar row into L2 (prefetch_next_item_operands), so that
   // the Q copy after both consumers' last QK^T and the delta warpgroup's qbar load, both on the
   // item boundary's chain, read L2 rather than DRAM. (Its first form, a tensor-map prefetch of
-  // the Q boxes, over-fetched and measured 1-2 % slower; this bulk form is not measured yet:
-  // benchmarks/RESULTS.md, thirty-second session.)
+  // the Q boxes, over-fetched and measured 1-2 % slower. This bulk form measured +2.0 % at
+  // h3-mix, +1.1 % at h3-10s and -0.5 % at 3 tiles an item on an H100, and under Nsight Compute
+  // it too read 2.1x production's L2 sectors and +1.9 GB from DRAM at h3-10s, ~500 times the
+  // bytes it names: benchmarks/RESULTS.md, thirty-second and thirty-fourth sessions.)
   kPrefetchNextItem = 262144,
   // Not in production (a benchmark build adds it): the TMA thread arrives on item_full as soon as
   // it has published the item, before the item's Q copy, and the delta warpgroup takes the item
