@@ -549,3 +549,45 @@ def test_e2m1_round_matches_formats(rounding: ctypes.CDLL) -> None:
     rounding.round_all(y.data_ptr(), y.numel(), got.data_ptr())
     want = F.e2m1_to_float(F.rn_e2m1(y))
     assert torch.equal(got, want)
+
+
+def _sass_tile_loop():
+    """benchmarks/sass_tile_loop.py, imported by path (benchmarks/ is not a package)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_tile_loop.py"
+    spec = importlib.util.spec_from_file_location("sass_tile_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks its module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sass_tile_loop_tells_a_kept_loop_from_a_rescheduled_one(so: Path) -> None:
+    """benchmarks/sass_tile_loop.py, the CPU check of whether a build kept production's tile loop.
+    Production has one consumer loop, the steady-state tile: PV(t - 1) and QK^T(t), 8 k16 wgmmas
+    each; the waits' out-of-line retry paths are no loops. ``early_item_publish`` (a change in the
+    producer and the delta warpgroup only) keeps it instruction for instruction up to register
+    names, its encoded stall cycles too. ``row_divisor`` (the epilogue only) gets it rescheduled:
+    fewer instructions in production's order (thirty-fourth session: 703 of 1,014)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    bt.cuobjdump("--version")  # (skips without cuobjdump, which the tool runs)
+    tool = _sass_tile_loop()
+    (loop,) = tool.consumer_loops(so, KERNEL)
+    print(f"production: {len(loop.instructions)} instructions, {loop.stall_cycles} stall cycles")
+    assert loop.wgmmas == 16 and loop.stall_cycles > len(loop.instructions) // 2
+    assert tool.kept_order(loop.instructions, loop.instructions) == len(loop.instructions)
+
+    def build(flags: dict) -> Path:
+        return Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a", flags=flags)))
+
+    (kept,) = tool.consumer_loops(build({"early_item_publish": True}), KERNEL)
+    assert len(kept.instructions) == len(loop.instructions)
+    assert tool.kept_order(loop.instructions, kept.instructions) == len(loop.instructions)
+    assert kept.stall_cycles == loop.stall_cycles
+    (moved,) = tool.consumer_loops(build({"row_divisor": True}), KERNEL)
+    kept_order = tool.kept_order(loop.instructions, moved.instructions)
+    print(f"row_divisor: {kept_order} of {len(moved.instructions)} in production's order")
+    assert moved.wgmmas == 16 and kept_order < len(moved.instructions)
