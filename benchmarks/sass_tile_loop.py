@@ -54,15 +54,20 @@ def _opcode(text: str) -> str:
     return words[1] if words[0].startswith("@") else words[0]
 
 
-def instructions(so: Path, kernel: str) -> list[tuple[int, str, int]]:
-    """(address, text, stall cycles) of every instruction of the one function named *kernel*."""
+def function_sass(so: Path, kernel: str) -> str:
+    """``cuobjdump --dump-sass`` of the one function of ``so`` named *kernel*."""
     sass = subprocess.run(["cuobjdump", "--dump-sass", str(so)], capture_output=True, text=True,
                           check=True).stdout
     blocks = re.split(r"\n\s*Function : ", sass)
     mine = [b for b in blocks[1:] if kernel in b.split("\n", 1)[0]]
     if len(mine) != 1:
         raise SystemExit(f"{so}: expected one function named *{kernel}*, found {len(mine)}")
-    lines = mine[0].splitlines()
+    return mine[0]
+
+
+def instructions(sass: str) -> list[tuple[int, str, int]]:
+    """(address, text, stall cycles) of every instruction of one function's SASS."""
+    lines = sass.splitlines()
     out = []
     for i, line in enumerate(lines[:-1]):
         m = _INSTRUCTION.match(line)
@@ -72,9 +77,10 @@ def instructions(so: Path, kernel: str) -> list[tuple[int, str, int]]:
     return out
 
 
-def consumer_loops(so: Path, kernel: str) -> list[Loop]:
-    """The innermost loops (back branch to head) holding a consumer wgmma, in code order."""
-    ins = instructions(so, kernel)
+def consumer_loops(sass: str) -> list[Loop]:
+    """The innermost loops (back branch to head) of one function's SASS that hold a consumer
+    wgmma, in code order."""
+    ins = instructions(sass)
     index = {address: i for i, (address, _, _) in enumerate(ins)}
     mma = [i for i, (_, text, _) in enumerate(ins) if _CONSUMER_MMA.match(_opcode(text))]
     # The waits' retry paths sit after the last EXIT, out of line, and branch back into the body:
@@ -108,8 +114,8 @@ def main() -> int:
     parser.add_argument("--kernel", default="attention_nvfp4_wgmma_kernel",
                         help="a part of the kernel's mangled name (one function must match)")
     args = parser.parse_args()
-    base = consumer_loops(args.production, args.kernel)
-    build = consumer_loops(args.build, args.kernel)
+    base = consumer_loops(function_sass(args.production, args.kernel))
+    build = consumer_loops(function_sass(args.build, args.kernel))
     for label, loops in (("production", base), ("build", build)):
         for n, loop in enumerate(loops):
             print(f"{label} loop {n}: instructions {loop.first}-{loop.last} "
