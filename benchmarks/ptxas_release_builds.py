@@ -9,7 +9,7 @@ Usage::
     python benchmarks/bench_wgmma_variants.py --op nvfp4 --preset h3-mix,h3-10s --only none \\
         --so nvfp4=.h3ptxas/126/nvfp4.so
 
-ptxas makes the schedule, and the schedule alone has moved these kernels by 1-5 % whenever a
+ptxas makes the schedule, and the schedule alone has moved these kernels by 0.6-5 % whenever a
 change outside the tile loop made ptxas reorder it (benchmarks/RESULTS.md, thirty-fourth
 session). FlashAttention-3 names the CUDA release it is fastest with for the same reason. This
 builds the `fp8_wgmma` and `nvfp4_wgmma` modules with nvcc's own front end (the same PTX) and
