@@ -48,7 +48,7 @@ echo "ptxas shim: {ptxas} (PTX ISA {isa})" >&2
 args=()
 for a in "$@"; do
   if [[ $a == *.ptx && -f $a ]]; then
-    t=$(mktemp --suffix=.ptx) || exit 1
+    t=$(mktemp -p "{scratch}" --suffix=.ptx) || exit 1
     sed -e 's/^\\.version [0-9.]*/.version {isa}/' "$a" > "$t" || exit 1
     args+=("$t")
   else
@@ -94,7 +94,9 @@ def make_shim(root: Path, bin_dir: Path, ptxas: Path, isa: str) -> Path:
         elif entry.name != "ptxas":
             (root / "bin" / entry.name).symlink_to(entry)
     shim = root / "bin" / "ptxas"
-    shim.write_text(_SHIM_PTXAS.format(ptxas=ptxas, isa=isa))
+    # The lowered PTX files go to root/scratch, removed with the shim.
+    (root / "scratch").mkdir()
+    shim.write_text(_SHIM_PTXAS.format(ptxas=ptxas, isa=isa, scratch=root / "scratch"))
     shim.chmod(0o755)
     return root / "bin" / "nvcc"
 
