@@ -36,11 +36,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from flashinfer_h3.benchtools import HOPPER_MODULES  # op -> (module, backend)
+from flashinfer_h3.jit import find_nvcc
+
 # The PTX ISA version each CUDA release's ptxas reads at most (PTX ISA release notes).
 ISA_OF_RELEASE = {(12, 4): "8.4", (12, 5): "8.5", (12, 6): "8.5", (12, 8): "8.7", (12, 9): "8.8",
                   (13, 0): "9.0"}
-HOPPER = {"fp8": ("fp8_wgmma", "attention_fp8_wgmma_kernel"),
-          "nvfp4": ("nvfp4_wgmma", "attention_nvfp4_wgmma_kernel")}
 _SHIM_PTXAS = """#!/bin/bash
 # ptxas of another CUDA release on nvcc's PTX, its .version line lowered to {isa}
 # (benchmarks/ptxas_release_builds.py).
@@ -106,7 +107,7 @@ def build_paths(env: dict[str, str]) -> dict[str, Path]:
     reads that environment's nvcc and cache)."""
     code = ("from flashinfer_h3.jit import KernelConfig, build_module\n"
             + "".join(f"print({op!r}, build_module(KernelConfig({mod!r}, arch='sm_90a'), "
-                      f"use_prebuilt=False))\n" for op, (mod, _) in HOPPER.items()))
+                      f"use_prebuilt=False))\n" for op, (mod, _) in HOPPER_MODULES.items()))
     text = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if text.returncode != 0:
         raise SystemExit(f"build failed:\n{text.stderr[-4000:]}")
@@ -122,17 +123,20 @@ def main() -> int:
     ap.add_argument("--ptxas", type=Path, required=True, help="the other release's ptxas binary")
     ap.add_argument("--out", type=Path, required=True, help="where fp8.so and nvfp4.so go")
     ap.add_argument("--isa", help="the PTX ISA version to declare (default: the release's)")
-    ap.add_argument("--nvcc", default=os.environ.get("FLASHINFER_H3_NVCC", "nvcc"),
+    ap.add_argument("--nvcc", type=Path, default=find_nvcc(),
                     help="the nvcc whose front end makes the PTX (default: the JIT's)")
     args = ap.parse_args()
+    if args.nvcc is None:
+        ap.error("--nvcc: no nvcc found (FLASHINFER_H3_NVCC, CUDA_HOME, PATH); give one")
     if not args.ptxas.is_file():
         ap.error(f"--ptxas: expected a ptxas binary, {args.ptxas} is not a file")
     release = release_of(args.ptxas)
     isa = args.isa or ISA_OF_RELEASE.get(release)
     if isa is None:
         ap.error(f"--isa: ptxas of CUDA {release[0]}.{release[1]} has no known PTX ISA; give it")
-    bin_dir = nvcc_bin_dir(args.nvcc)
-    here = Path(__file__).resolve().parent
+    bin_dir = nvcc_bin_dir(str(args.nvcc))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sass_tile_loop import compare
     with tempfile.TemporaryDirectory(prefix="ptxas_release_") as tmp:
         root, cache = Path(tmp) / "toolkit", Path(tmp) / "cache"
         root.mkdir()
@@ -142,20 +146,17 @@ def main() -> int:
         env = dict(os.environ, FLASHINFER_H3_NVCC=str(nvcc), FLASHINFER_H3_CACHE_DIR=str(cache))
         env.pop("FLASHINFER_H3_DISABLE_JIT", None)
         built = build_paths(env)
-        baseline = build_paths(dict(os.environ, FLASHINFER_H3_NVCC=args.nvcc))
+        baseline = build_paths(dict(os.environ, FLASHINFER_H3_NVCC=str(args.nvcc)))
         args.out.mkdir(parents=True, exist_ok=True)
-        status = 0
-        for op, (_, kernel) in HOPPER.items():
+        for op, (module, _) in HOPPER_MODULES.items():
             log = (built[op].parent / "build.log").read_text()
             if "ptxas shim:" not in log:
                 raise SystemExit(f"{op}: the build did not go through the shim:\n{log[-400:]}")
             target = args.out / f"{op}.so"
             shutil.copy2(built[op], target)
             print(f"\n{op}: {target} against {baseline[op]}", flush=True)
-            compare = [sys.executable, str(here / "sass_tile_loop.py"), str(baseline[op]),
-                       str(target), "--kernel", kernel]
-            status |= subprocess.run(compare).returncode
-    return 0 if status in (0, 1) else status
+            compare(baseline[op], target, f"attention_{module}_kernel")
+    return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,30 @@ def kept_order(base: list[str], build: list[str]) -> int:
     return sum(block.size for block in matcher.get_matching_blocks())
 
 
+def compare(production: Path, build: Path, kernel: str) -> bool:
+    """Print both builds' consumer loops and, loop by loop, how many of BUILD's instructions keep
+    PRODUCTION's order; True if every loop is the same one, renamed at most."""
+    base = consumer_loops(function_sass(production, kernel))
+    other = consumer_loops(function_sass(build, kernel))
+    for label, loops in (("production", base), ("build", other)):
+        for n, loop in enumerate(loops):
+            print(f"{label} loop {n}: instructions {loop.first}-{loop.last} "
+                  f"({len(loop.instructions)}), {loop.wgmmas} wgmmas, "
+                  f"{loop.stall_cycles} encoded stall cycles")
+    if len(base) != len(other):
+        print(f"different loop structure: {len(base)} consumer loops against {len(other)}")
+        return False
+    same = True
+    for n, (a, b) in enumerate(zip(base, other, strict=True)):
+        kept = kept_order(a.instructions, b.instructions)
+        same &= kept == len(a.instructions) == len(b.instructions)
+        print(f"loop {n}: {kept} of the build's {len(b.instructions)} instructions in "
+              f"production's order (names masked); stall cycles "
+              f"{b.stall_cycles - a.stall_cycles:+d}")
+    print("same loops, renamed at most" if same else "rescheduled: only a timing can judge it")
+    return same
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("production", type=Path)
@@ -114,26 +138,7 @@ def main() -> int:
     parser.add_argument("--kernel", default="attention_nvfp4_wgmma_kernel",
                         help="a part of the kernel's mangled name (one function must match)")
     args = parser.parse_args()
-    base = consumer_loops(function_sass(args.production, args.kernel))
-    build = consumer_loops(function_sass(args.build, args.kernel))
-    for label, loops in (("production", base), ("build", build)):
-        for n, loop in enumerate(loops):
-            print(f"{label} loop {n}: instructions {loop.first}-{loop.last} "
-                  f"({len(loop.instructions)}), {loop.wgmmas} wgmmas, "
-                  f"{loop.stall_cycles} encoded stall cycles")
-    if len(base) != len(build):
-        print(f"different loop structure: {len(base)} consumer loops against {len(build)}")
-        return 1
-    same = True
-    for n, (a, b) in enumerate(zip(base, build, strict=True)):
-        kept = kept_order(a.instructions, b.instructions)
-        same &= kept == len(a.instructions) == len(b.instructions)
-        print(f"loop {n}: {kept} of the build's {len(b.instructions)} instructions in "
-              f"production's order (names masked); stall cycles "
-              f"{b.stall_cycles - a.stall_cycles:+d}")
-    print("same loops, renamed at most" if same else "rescheduled: only a timing can judge it")
-    return 0 if same else 1
-
+    return 0 if compare(args.production, args.build, args.kernel) else 1
 
 if __name__ == "__main__":
     sys.exit(main())
