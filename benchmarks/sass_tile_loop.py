@@ -140,5 +140,6 @@ def main() -> int:
     args = parser.parse_args()
     return 0 if compare(args.production, args.build, args.kernel) else 1
 
+
 if __name__ == "__main__":
     sys.exit(main())
