@@ -36,7 +36,10 @@ query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for`
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
 a barrier of their own); ``prefetch_next_item=True`` (the producer prefetches its next item's Q
-block and Q scales into L2 once this item's copies are issued). Both: ``register_usage_level``
+block and Q scales into L2 once this item's copies are issued); ``background_traffic=1``
+(warps 1-3 of the producer warpgroup stream the pre-pass's DRAM traffic and arithmetic beside the
+attention: what a pre-pass fused into those warps would cost the kernel; ``2``: the same code
+skipped at run time, what its presence costs). Both: ``register_usage_level``
 (ptxas's scheduling knob, jit/modules.py: production 8), ``ping_pong=False`` (the two consumer
 warpgroups' GEMM phases not ordered),
 ``wait_sleep_ns=0`` (the producer warpgroup's waits poll instead of suspending),
@@ -149,6 +152,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
         "next item's Q block and Q scales prefetched into L2": {"prefetch_next_item": True},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
+        "benchmark build: the pre-pass's DRAM traffic streamed by producer warps 1-3":
+            {"background_traffic": 1},
+        "benchmark build: the DRAM traffic's code, skipped at run time": {"background_traffic": 2},
         "ptxas register usage level 5 (production until 2026-12-04)": {"register_usage_level": 5},
         "ptxas register usage level 0": {"register_usage_level": 0},
         "ptxas register usage level 10": {"register_usage_level": 10},

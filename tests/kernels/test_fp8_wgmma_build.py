@@ -193,6 +193,28 @@ def test_prefetch_next_item_build(so: Path) -> None:
     assert len(re.findall(r"\b(?:STL|LDL)\b", sass)) <= 4
 
 
+@pytest.mark.parametrize("mode", [1, 2], ids=["streaming", "skipped"])
+def test_background_traffic_build(so: Path, mode: int) -> None:
+    """``background_traffic`` (sm90/background_traffic.cuh): warps 1-3 of the producer warpgroup
+    stream 16-byte loads and stores with the streaming cache operator (``LDG.E.EF.128``,
+    ``STG.E.EF.128``: two loads in each of the three pass loops, the two stores of the passes that
+    write), which production has none of; production's GEMMs, all asynchronous. Mode 2 is the same
+    code behind a run-time condition. (The TMA thread, at 24 registers, spills beside this code:
+    both modes carry that, so their difference is the traffic's.)"""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(so, KERNEL)
+    assert "LDG.E.EF.128" not in production and "STG.E.EF.128" not in production
+    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"background_traffic": mode})))
+    sass = bt.sass(build, KERNEL)
+    assert sass.count("LDG.E.EF.128") == 6 and sass.count("STG.E.EF.128") == 2
+    ss = QGMMA + r" R\d+, gdesc"
+    assert len(re.findall(ss, sass)) == len(re.findall(ss, production))
+    assert sass.count("WARPGROUP.ARRIVE") == production.count("WARPGROUP.ARRIVE")
+    with pytest.raises(Exception, match="background_traffic"):
+        build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"background_traffic": 1, "q_in_kernel": 1}))
+
+
 @pytest.mark.parametrize("flags", [{"q_in_kernel": 1}, {"q_in_kernel": 1, "cluster_ctas": 2},
                                    {"q_in_kernel": 2}],
                          ids=["q-in-kernel", "q-in-kernel-clusters", "q-in-kernel-per-consumer"])
