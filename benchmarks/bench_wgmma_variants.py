@@ -24,8 +24,8 @@ of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``pv
 its 64 exponentials pinned there too), ``prefetch_next_item=True`` (the TMA thread prefetches its
 next item's Q block and qbar row into L2 once it has drawn that item), ``early_item_publish=True``
 (the delta warpgroup takes each item as soon as it is published, before its Q block is in),
-``store_under_qk=True`` (each item's output written while the next item's first QK^T runs). FP8
-builds:
+``store_under_qk=True`` (each item's output written while the next item's first QK^T runs),
+``background_traffic`` (as FP8's, below: warps 1-3 of the TMA warpgroup). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
 K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o_update=False``
@@ -143,6 +143,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "item output stored under the next item's first QK^T": {"store_under_qk": True},
         "next item's Q prefetched, published early, output stored under the next QK^T":
             {"prefetch_next_item": True, "early_item_publish": True, "store_under_qk": True},
+        "benchmark build: the pre-pass's DRAM traffic streamed by TMA warps 1-3":
+            {"background_traffic": 1},
+        "benchmark build: the DRAM traffic's code, skipped at run time": {"background_traffic": 2},
         "1 in 64 exp2 on FMA (element 63)": {"poly_exp2_every": 64},
         "2 in 64 exp2 on FMA (elements 31, 63)": {"poly_exp2_every": 32},
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},

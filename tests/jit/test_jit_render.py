@@ -222,7 +222,8 @@ def test_flags_order_does_not_matter() -> None:
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
              "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1,",
-             "/*q_in_kernel=*/0,", "/*prefetch_next_item=*/false>"],
+             "/*q_in_kernel=*/0,", "/*prefetch_next_item=*/false,",
+             "/*background_traffic=*/0>"],
         ),
         (
             "fp8_wgmma",
@@ -232,7 +233,13 @@ def test_flags_order_does_not_matter() -> None:
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
-             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1,", "/*prefetch_next_item=*/true>"],
+             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1,", "/*prefetch_next_item=*/true,",
+             "/*background_traffic=*/0>"],
+        ),
+        (
+            "fp8_wgmma",
+            {"background_traffic": 2},
+            ["/*background_traffic=*/2>"],
         ),
         (
             "nvfp4_wgmma",
@@ -255,6 +262,16 @@ def test_flags_order_does_not_matter() -> None:
             "nvfp4_wgmma",
             {"prefetch_next_item": True, "early_item_publish": True},
             ["| fh3::sm90::kPrefetchNextItem | fh3::sm90::kEarlyItemPublish;"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"background_traffic": 1},
+            ["| fh3::sm90::kBackgroundTraffic;"],
+        ),
+        (
+            "nvfp4_wgmma",
+            {"background_traffic": 2},
+            ["| fh3::sm90::kBackgroundTrafficSkipped;"],
         ),
         (
             "nvfp4_wgmma",

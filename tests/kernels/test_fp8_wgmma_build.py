@@ -205,14 +205,16 @@ def test_background_traffic_build(so: Path, mode: int) -> None:
 
     production = bt.sass(so, KERNEL)
     assert "LDG.E.EF.128" not in production and "STG.E.EF.128" not in production
-    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"background_traffic": mode})))
+    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
+                                           flags={"background_traffic": mode})))
     sass = bt.sass(build, KERNEL)
     assert sass.count("LDG.E.EF.128") == 6 and sass.count("STG.E.EF.128") == 2
     ss = QGMMA + r" R\d+, gdesc"
     assert len(re.findall(ss, sass)) == len(re.findall(ss, production))
     assert sass.count("WARPGROUP.ARRIVE") == production.count("WARPGROUP.ARRIVE")
     with pytest.raises(Exception, match="background_traffic"):
-        build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"background_traffic": 1, "q_in_kernel": 1}))
+        build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
+                                  flags={"background_traffic": 1, "q_in_kernel": 1}))
 
 
 @pytest.mark.parametrize("flags", [{"q_in_kernel": 1}, {"q_in_kernel": 1, "cluster_ctas": 2},

@@ -305,6 +305,32 @@ def test_item_boundary_builds(so: Path, flags: dict) -> None:
     assert smem == int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
 
 
+@pytest.mark.parametrize("mode", [1, 2], ids=["streaming", "skipped"])
+def test_background_traffic_build(so: Path, mode: int) -> None:
+    """``background_traffic`` (sm90/background_traffic.cuh): warps 1-3 of the TMA warpgroup
+    stream 16-byte loads and stores with the streaming cache operator (``LDG.E.EF.128``,
+    ``STG.E.EF.128``: two loads in each of its two pass loops, those that write and those that
+    only read and code, and the two stores), which production has none of; production's 32 FP16
+    wgmmas and their waits, the same shared memory. Mode 2 is the same code behind a run-time
+    condition; the two keep one tile loop (ptxas reschedules it against production's, so mode 2
+    is what mode 1 is timed against)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    production = bt.sass(so, KERNEL)
+    assert "LDG.E.EF.128" not in production and "STG.E.EF.128" not in production
+    build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                           flags={"background_traffic": mode})))
+    sass = bt.sass(build, KERNEL)
+    assert sass.count("LDG.E.EF.128") == 4 and sass.count("STG.E.EF.128") == 2
+    assert len(re.findall(re.escape(HGMMA) + " ", sass)) == 4 * 8
+    assert sass.count("WARPGROUP.DEPBAR") == production.count("WARPGROUP.DEPBAR")
+    smem = int(bt.load(build).attention_nvfp4_wgmma_smem_bytes())
+    assert smem == int(bt.load(so).attention_nvfp4_wgmma_smem_bytes())
+    with pytest.raises(Exception, match="background_traffic"):
+        build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
+                                  flags={"background_traffic": 1, "delta_mma_sync": True}))
+
+
 def test_delta_table_build() -> None:
     """The ``delta_table=True`` benchmark build (measured and not kept, benchmarks/RESULTS.md,
     thirtieth session): the attention kernel launches 384 threads (no delta warpgroup: no 64x8

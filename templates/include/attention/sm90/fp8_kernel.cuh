@@ -739,7 +739,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The Q codes rewritten with their own bytes (the region is the workspace's, writable). The
       // skipped form's condition (c < 0) never holds, and the compiler cannot know it.
       const bool on = Opt::kBackgroundTraffic == 1 ? p.c > 0.0f : p.c < 0.0f;
-      stream_background_traffic(const_cast<uint8_t*>(p.q_codes),
+      // The FP8 pre-pass's traffic in passes over the Q codes (T H 128 bytes): 10 read, 3 written.
+      stream_background_traffic<10, 6, 3>(const_cast<uint8_t*>(p.q_codes),
                                 on ? static_cast<int64_t>(p.tokens) * p.plan.heads * kHeadDim : 0, p.c, p.tokens < 0,
                                 reinterpret_cast<uint32_t*>(p.out), static_cast<int>(threadIdx.x) - 32);
     }

@@ -40,6 +40,7 @@
 #include "../../ptx/tma.cuh"
 #include "../../ptx/warpgroup.cuh"
 #include "../../ptx/wgmma.cuh"
+#include "background_traffic.cuh"
 #include "fragment_coords.cuh"
 #include "nvfp4_delta.cuh"
 #include "nvfp4_delta_table.cuh"  // kDeltaRowBytes
@@ -171,6 +172,12 @@ enum Nvfp4Variant : int {
   // (h3-mix), +2.8 % (h3-10s), +10.8 % (184 segments of 333 tokens): the divisions beside the
   // consumer's own wgmma take longer than the store alone did (thirty-second session).
   kDeferredStore = 1048576,
+  // Not in production (benchmark builds background_traffic=1 / 2): warps 1-3 of the TMA
+  // warpgroup stream the pre-pass's DRAM traffic and a proxy of its arithmetic while the
+  // consumers run (background_traffic.cuh: what a pre-pass fused into those warps would cost);
+  // kBackgroundTrafficSkipped: the same code behind a run-time condition that never holds.
+  kBackgroundTraffic = 2097152,
+  kBackgroundTrafficSkipped = 4194304,
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -705,6 +712,8 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   static_assert((kVariant & (kDeltaWgmmaSmemA | kWideConsumers)) == 0 || kDeltaWg,
                 "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
   static_assert(!kWide || (kVariant & kDeltaWgmmaSmemA) != 0, "wide_consumers: with the SS delta warpgroup only");
+  static_assert((kVariant & (kBackgroundTraffic | kBackgroundTrafficSkipped)) == 0 || kDeltaWg,
+                "background_traffic: with the delta warpgroup (warps 1-3 of the TMA warpgroup idle)");
   if (threadIdx.x == 0) {
     init_barriers<kDeltaWg, kTable, (kVariant & kEarlyItemPublish) != 0>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
@@ -739,6 +748,14 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
                       "prefetch_next_item, early_item_publish: with the dynamic item order");
         produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem, kEarlyItem>(sm, &tm_q, &tm_k, &tm_v, p,
                                                                                        dt, qr);
+      } else if ((kVariant & (kBackgroundTraffic | kBackgroundTrafficSkipped)) != 0 && threadIdx.x >= 32) {
+        // The NVFP4 pre-pass's traffic (10 B read, 6 B of FP16 operands written) in passes over
+        // the FP16 Q operand (2 B), rewritten with its own bytes; the skipped form's condition
+        // (tokens < 0) never holds.
+        const bool on = (kVariant & kBackgroundTraffic) != 0 ? qr.tokens >= 0 : qr.tokens < 0;
+        stream_background_traffic<5, 5, 3>(const_cast<__half*>(qr.q_f16),
+                                           on ? qr.tokens * p.plan.heads * kHeadDim * 2 : 0, 1.0f, qr.tokens < 0,
+                                           reinterpret_cast<uint32_t*>(p.out), static_cast<int>(threadIdx.x) - 32);
       }
     } else if (warpgroup == 1) {
       ptx::setmaxnreg_dec<kWide ? kNvfp4DeltaWgRegs : kNvfp4DeltaWgRegsNarrow>();
