@@ -73,8 +73,9 @@ if [[ $what == all || $what == record || $what == bench ]]; then
         # in one process: one JSON and one plot.
         # --rounds 3 (BENCH_ROUNDS): every row of a preset timed in turn three times (the GPU warms
         # up over a bench, and its clock under the 700 W cap with it: RESULTS.md, eighth session).
+        # BENCH_PRESETS trims the presets when device time is short (h3-mix: both bars' closest).
         timeout ${BENCH_TIMEOUT:-420} python3 -m flashinfer_h3 bench \
-            --preset h3-10s,h3-15s-sp4,h3-mix --iters "${BENCH_ITERS:-3}" --rounds "${BENCH_ROUNDS:-3}" \
+            --preset "${BENCH_PRESETS:-h3-10s,h3-15s-sp4,h3-mix}" --iters "${BENCH_ITERS:-3}" --rounds "${BENCH_ROUNDS:-3}" \
             --json "$OUT/bench.json" --plot "$OUT/bench.png"
     } 2>&1 | tee "$OUT/bench.log"
 fi
