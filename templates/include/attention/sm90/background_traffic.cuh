@@ -1,8 +1,10 @@
 // Benchmark builds only (Fp8Options::kBackgroundTraffic; the NVFP4 kernel's kBackgroundTraffic
 // variants): warps 1-3 of the kernel's producer warpgroup, idle in production, stream the DRAM
-// traffic and the per-element arithmetic of the pre-pass while the consumers run. What it measures: the cost to the attention of a pre-pass
-// fused into the kernel's idle warps, which would hide the separate pre-pass launch (~1.5 ms of a
-// ~44 ms h3-mix call, DRAM-bound, the gap of issue 11's h3-mix bar; benchmarks/RESULTS.md).
+// traffic and the per-element arithmetic of the pre-pass while the consumers run. What it
+// measures: the cost to the attention of a pre-pass fused into the kernel's idle warps, which
+// would hide the separate pre-pass launch (~1.5-2 ms of a ~44 ms h3-mix call, DRAM-bound, most of
+// the gap of issue 11's h3-mix bar). Measured: +1.5-2 % at h3-mix, mostly clock at the power cap
+// (benchmarks/RESULTS.md, thirty-seventh session).
 //
 // The traffic is the pre-pass's at the call's shape, in units of B = T H 128 bytes: the pre-pass
 // reads BF16 q once and k and v twice (statistics, then codes: 10 B) and writes the FP8 codes of

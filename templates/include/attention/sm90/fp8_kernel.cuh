@@ -741,8 +741,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool on = Opt::kBackgroundTraffic == 1 ? p.c > 0.0f : p.c < 0.0f;
       // The FP8 pre-pass's traffic in passes over the Q codes (T H 128 bytes): 10 read, 3 written.
       stream_background_traffic<10, 6, 3>(const_cast<uint8_t*>(p.q_codes),
-                                on ? static_cast<int64_t>(p.tokens) * p.plan.heads * kHeadDim : 0, p.c, p.tokens < 0,
-                                reinterpret_cast<uint32_t*>(p.out), static_cast<int>(threadIdx.x) - 32);
+                                          on ? static_cast<int64_t>(p.tokens) * p.plan.heads * kHeadDim : 0, p.c,
+                                          p.tokens < 0, reinterpret_cast<uint32_t*>(p.out),
+                                          static_cast<int>(threadIdx.x) - 32);
     }
     // A CTA's shared memory must outlive the peer's last copies into it and arrivals on its
     // barriers. The producer warpgroup keeps the CTA alive until every thread of the cluster
