@@ -15,8 +15,8 @@
 # of one's own after it; see below; none of these is part of all; record: all, then what the
 # NVFP4 P quantisation and softmax cost (benchmark builds, kernel alone): the Hopper issues'
 # evidence in one call of ~8-9 minutes with BENCH_SIDE=0 TESTS_TIMEOUT=200 and a carried cache)
-# A JIT cache built on the CPU can come along: FLASHINFER_H3_CACHE_DIR=$PWD/.h3carry, the builds,
-# `find .h3carry -name '*.o' -delete`, carry .h3carry; it is copied into the session's cache.
+# A JIT cache built on the CPU can come along: `bash benchmarks/carry_cache.sh` builds .h3carry
+# (production and the record's benchmark builds), carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"

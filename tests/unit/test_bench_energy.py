@@ -159,3 +159,28 @@ def test_every_variant_of_bench_wgmma_variants_is_a_valid_build() -> None:
         for name, flags in rows.items():
             config = KernelConfig(benchtools.HOPPER_MODULES[op][0], arch="sm_90a", flags=flags)
             assert dict(config.flags) == flags, name
+
+
+def test_carry_cache_builds_what_the_record_times() -> None:
+    # benchmarks/carry_cache.sh compiles, on the CPU, the benchmark builds that `h200_session.sh
+    # record` times, so the device spends no time on them. The two scripts name the builds by the
+    # same --only filter; a filter that matched nothing would build nothing, silently.
+    pytest.importorskip("torch")
+    import importlib.util
+    import re
+
+    carry = (ROOT / "benchmarks" / "carry_cache.sh").read_text()
+    session = (ROOT / "benchmarks" / "h200_session.sh").read_text()
+    carried = re.findall(r'--build-only --op (\w+) --only "([^"]+)"', carry)
+    record = session[session.index("if [[ $what == record ]]"):]
+    timed = re.findall(r'--op (\w+) --preset \S+\s*\\?\s*--only "([^"]+)"', record)
+    assert carried and carried == timed[:1], (carried, timed)
+
+    path = ROOT / "benchmarks" / "bench_wgmma_variants.py"
+    spec = importlib.util.spec_from_file_location("bench_wgmma_variants", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for op, only in carried:
+        builds = [flags for _, flags in module.selected_variants(op, only) if flags]
+        assert len(builds) == len(only.split(",")), (op, only, builds)
