@@ -5,10 +5,13 @@ for NVML's."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,19 +144,23 @@ def test_bench_energy_options(argv: list[str], message: str) -> None:
     assert message in done.stderr
 
 
-def test_every_variant_of_bench_wgmma_variants_is_a_valid_build() -> None:
-    # Its builds are made on the device, after the inputs: a misspelt flag there would cost a
-    # device call, so each row's flags are checked against its module's here (jit/modules.py).
+def _bench_wgmma_variants() -> Any:
+    """benchmarks/bench_wgmma_variants.py as a module (it imports torch at its top)."""
     pytest.importorskip("torch")
-    import importlib.util
-
-    from flashinfer_h3.jit import KernelConfig
-
     path = ROOT / "benchmarks" / "bench_wgmma_variants.py"
     spec = importlib.util.spec_from_file_location("bench_wgmma_variants", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_every_variant_of_bench_wgmma_variants_is_a_valid_build() -> None:
+    # Its builds are made on the device, after the inputs: a misspelt flag there would cost a
+    # device call, so each row's flags are checked against its module's here (jit/modules.py).
+    from flashinfer_h3.jit import KernelConfig
+
+    module = _bench_wgmma_variants()
     assert set(module.VARIANTS) == set(benchtools.HOPPER_MODULES)
     for op, rows in module.VARIANTS.items():
         for name, flags in rows.items():
@@ -165,22 +172,15 @@ def test_carry_cache_builds_what_the_record_times() -> None:
     # benchmarks/carry_cache.sh compiles, on the CPU, the benchmark builds that `h200_session.sh
     # record` times, so the device spends no time on them. The two scripts name the builds by the
     # same --only filter; a filter that matched nothing would build nothing, silently.
-    pytest.importorskip("torch")
-    import importlib.util
-    import re
-
     carry = (ROOT / "benchmarks" / "carry_cache.sh").read_text()
     session = (ROOT / "benchmarks" / "h200_session.sh").read_text()
     carried = re.findall(r'--build-only --op (\w+) --only "([^"]+)"', carry)
-    record = session[session.index("if [[ $what == record ]]"):]
+    start = session.index("if [[ $what == record ]]")
+    record = session[start:session.index("\nfi\n", start)]
     timed = re.findall(r'--op (\w+) --preset \S+\s*\\?\s*--only "([^"]+)"', record)
-    assert carried and carried == timed[:1], (carried, timed)
+    assert carried and carried == timed, (carried, timed)
 
-    path = ROOT / "benchmarks" / "bench_wgmma_variants.py"
-    spec = importlib.util.spec_from_file_location("bench_wgmma_variants", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _bench_wgmma_variants()
     for op, only in carried:
         builds = [flags for _, flags in module.selected_variants(op, only) if flags]
         assert len(builds) == len(only.split(",")), (op, only, builds)
