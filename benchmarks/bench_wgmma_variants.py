@@ -8,24 +8,14 @@ NVFP4 quantisation), ``delta=False`` (the delta warpgroup writes the mask only),
 (S packed as P: the GEMMs and the pipeline alone), ``fast_rounding=False`` (one P rounding path,
 always saturating), ``fold_p_scale=False`` (the P groups' y = Ptil * r as an FMUL instead of 1 / s
 folded into the exponentials), ``f16_rounding=False`` (rn_e2m1 of P on the FP32 y instead of on
-f16x2 pairs), ``row_divisor=True`` (the epilogue's quotients through one reciprocal a row, the FP8
-kernel's, instead of a div.rn each), ``delta_mma_sync=True`` (the delta products as mma.sync on
+f16x2 pairs), ``delta_mma_sync=True`` (the delta products as mma.sync on
 warps 1-3 of the producer warpgroup, production until 2026-12-06, instead of a warpgroup's wgmma),
 ``delta_wgmma_regs=True`` (that warpgroup's wgmma with the K rows in registers through ldmatrix
 instead of read from shared memory), ``wide_consumers=False`` (the consumers at 200 registers and
 the delta warpgroup at 72 instead of 216 and 40), ``kv_copies=False`` (as FP8's, below),
-``k_stages`` / ``v_stages`` (the K and V ring depths), ``shared_space=True`` (the kernel's
-shared-memory accesses as LDS / STS instead of generic LD / ST; ``shared_delta_loads=True``: the
-consumers' delta loads alone), ``delta_table=True`` (every (query block, K tile) pair's delta
-from a table that a kernel of its own writes first, its time included; no delta warpgroup),
-``poly_exp2_every`` (every n-th
-of a tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``pv_under_softmax``
-(1: QK^T(t) before PV(t - 1) in each GEMM phase, the softmax's first part while that PV runs; 2:
-its 64 exponentials pinned there too), ``prefetch_next_item=True`` (the TMA thread prefetches its
-next item's Q block and qbar row into L2 once it has drawn that item), ``early_item_publish=True``
-(the delta warpgroup takes each item as soon as it is published, before its Q block is in),
-``store_under_qk=True`` (each item's output written while the next item's first QK^T runs),
-``background_traffic`` (as FP8's, below: warps 1-3 of the TMA warpgroup). FP8 builds:
+``k_stages`` / ``v_stages`` (the K and V ring depths), ``poly_exp2_every`` (every n-th of a
+tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``background_traffic``
+(as FP8's, below: warps 1-3 of the TMA warpgroup). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
 K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o_update=False``
@@ -35,8 +25,7 @@ included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
-a barrier of their own); ``prefetch_next_item=True`` (the producer prefetches its next item's Q
-block and Q scales into L2 once this item's copies are issued); ``background_traffic=1``
+a barrier of their own); ``background_traffic=1``
 (warps 1-3 of the producer warpgroup stream the pre-pass's DRAM traffic and arithmetic beside the
 attention: what a pre-pass fused into those warps would cost the kernel; ``2``: the same code
 skipped at run time, what its presence costs). Both: ``register_usage_level``
@@ -48,7 +37,9 @@ them from a counter; FP8: True, the other way round), ``smem_carveout`` (the pre
 carveout). FP8 also: the production build with its CTAs striding over the items (``--only
 striding``), against the plan's balanced item schedule (flashinfer_h3/plan.py item_schedule).
 benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
-accumulators over several tiles, a row-split softmax, waits and releases, a second Q block). Outputs
+accumulators over several tiles, a row-split softmax, waits and releases, a second Q block; the
+NVFP4 builds listed with ``Nvfp4Variant`` in attention/sm90/nvfp4_kernel.cuh, in the tree up to
+2ecf91a). Outputs
 of the delta / softmax / O-update builds are not attention; their times say what each part costs.
 Builds are timed in turn, in rounds (a drift of the clock under the power cap falls on all of
 them alike), each round in another order (benchtools.round_order) and each build after
@@ -111,7 +102,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "P quantised as Ptil * r (1 / s not folded into the exponentials)": {"fold_p_scale": False},
         "P rounded on FP32 values (production until 2026-12-04)": {"f16_rounding": False},
         "static item order (CTA b takes items b, b + G, ...)": {"dynamic_schedule": False},
-        "epilogue through one reciprocal a row (the FP8 kernel's)": {"row_divisor": True},
         "delta products as mma.sync on three producer warps (production until 2026-12-06)":
             {"delta_mma_sync": True},
         "delta warpgroup's wgmma with the K rows in registers (ldmatrix)":
@@ -127,22 +117,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "largest shared-memory carveout": {"smem_carveout": 100},
         "producer warpgroup's waits polling (no suspend-time hint)": {"wait_sleep_ns": 0},
         "benchmark build: K and V copied once per ring slot": {"kv_copies": False},
-        "shared-memory accesses as LDS / STS (not generic LD / ST)": {"shared_space": True},
-        "the delta loads alone as LDS (the rest generic)": {"shared_delta_loads": True},
-        "delta table (its own kernel first, in the time; 3 warpgroups)": {"delta_table": True},
-        "delta table, rows prefetched to L2 8 tiles ahead":
-            {"delta_table": True, "table_prefetch": 8},
-        "QK^T first, the softmax's first part under PV(t - 1)": {"pv_under_softmax": 1},
-        "QK^T first, the exponentials pinned under PV(t - 1)": {"pv_under_softmax": 2},
-        "next item's Q block and qbar prefetched into L2 once drawn": {"prefetch_next_item": True},
-        "item published to the delta warpgroup before its Q copy": {"early_item_publish": True},
-        "next item's Q prefetched and published early to the delta warpgroup":
-            {"prefetch_next_item": True, "early_item_publish": True},
-        "next item's Q prefetched, published early, epilogue through one reciprocal a row":
-            {"prefetch_next_item": True, "early_item_publish": True, "row_divisor": True},
-        "item output stored under the next item's first QK^T": {"store_under_qk": True},
-        "next item's Q prefetched, published early, output stored under the next QK^T":
-            {"prefetch_next_item": True, "early_item_publish": True, "store_under_qk": True},
         "benchmark build: the pre-pass's DRAM traffic streamed by TMA warps 1-3":
             {"background_traffic": 1},
         "benchmark build: the DRAM traffic's code, skipped at run time": {"background_traffic": 2},
@@ -153,7 +127,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
-        "next item's Q block and Q scales prefetched into L2": {"prefetch_next_item": True},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "benchmark build: the pre-pass's DRAM traffic streamed by producer warps 1-3":
             {"background_traffic": 1},

@@ -3,13 +3,12 @@
 # Usage (from the repository root; the wheels in .whl/ -- apache-tvm-ffi cp312, cudnn-frontend, and
 # sageattention 1.0.x, a pure-Python Triton package -- are installed into /tmp/site with --no-deps;
 # .whl/ is git-ignored, so a device run must carry it):
-#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|boundary|l2|qin|energy|none|all|record]
+#   REV=$(git rev-parse --short HEAD) OUT=/some/dir bash benchmarks/h200_session.sh [tests|bench|fp8|sanitize|profile|diagnose|ncu|mix|breakdown|prepass_sms|variants|against|l2|qin|energy|none|all|record]
 # (profile: ncu of the quantization pre-pass kernels at 61,440 x 56; diagnose: what bounds the two
 # Hopper attention kernels; ncu: diagnose's Nsight Compute part alone; mix: where h3-mix loses
 # against h3-10s; breakdown: a whole call's pre-pass and kernel; prepass_sms: the pre-pass on a few
 # SMs and beside the attention kernel; variants: benchmark builds against production; against:
-# production against an earlier commit's build and benchmark builds, short segments too;
-# boundary: the item-boundary prefetch builds against production, with an ncu L2 check; l2:
+# production against an earlier commit's build and benchmark builds, short segments too; l2:
 # what re-reading a chunk from L2 saves; qin: the FP8 q_in_kernel build's tests and timings; energy:
 # joules a call (bench_energy.py); none: only the setup (wheels, cache, info, warmup), for commands
 # of one's own after it; see below; none of these is part of all; record: all, then what the
@@ -172,29 +171,6 @@ if [[ $what == qin ]]; then
             --fp8-build q_in_kernel=1 --fp8-build q_in_kernel=2
         timeout 100 python3 benchmarks/bench_l2_reuse.py
     } 2>&1 | tee "$OUT/qin.log"
-fi
-
-if [[ $what == boundary ]]; then
-    # The item-boundary builds (thirty-second session): the bulk L2 prefetch of the next item's Q
-    # (both kernels) and with it the NVFP4 delta warpgroup's early item hand-off, alone and with
-    # the epilogue through one reciprocal a row (the boundary's two paths shortened together;
-    # the reciprocal epilogue alone too: thirty-third session), kernel alone against production
-    # on h3-mix, h3-10s and 184 segments of 333 tokens; then, under Nsight Compute at h3-10s, the
-    # L2 read sectors and DRAM bytes of production and the NVFP4 prefetch build (the tensor-map
-    # form had doubled the sectors). About 5 minutes with a carried cache.
-    {
-        timeout 260 python3 benchmarks/bench_wgmma_variants.py --op nvfp4,fp8 --preset h3-mix,h3-10s \
-            --shape '333*184:56' \
-            --only "qbar prefetched,Q prefetched and,one reciprocal a row,Q scales prefetched" \
-            --iters 5 --rounds 3
-        # Nvfp4Variant values: production 7679, with kPrefetchNextItem 269823.
-        for v in 7679 269823; do
-            timeout 60 ncu --kernel-name-base mangled --kernel-name "regex:attention_nvfp4_wgmma_kernelILi${v}E" \
-                --launch-count 1 --metrics lts__t_sectors_op_read.sum,dram__bytes_read.sum,sm__cycles_elapsed.max \
-                python3 benchmarks/bench_wgmma_variants.py --op nvfp4 --preset h3-10s --only "qbar prefetched" \
-                --iters 1 --rounds 1 --warmup-ms 0 2>&1 | grep -E "lts__|dram__|sm__cycles"
-        done
-    } 2>&1 | tee "$OUT/boundary.log"
 fi
 
 if [[ $what == l2 ]]; then

@@ -540,65 +540,22 @@ def wgmma_fp8_launcher(module: Any, backend: Backend) -> Launch:
                                       attention_takes_q=True)
 
 
-QBAR_PARTS_WORDS = 132  # attention/sm90/nvfp4_delta_table.cuh kQbarPartsWords (its binding checks)
-
-
-def delta_table_buffers(qblock_start: Sequence[int], heads: int,
-                        device: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """The delta table of the NVFP4 kernel's ``delta_table=True`` benchmark builds
-    (``attention/sm90/nvfp4_delta_table.cuh``) for a plan whose canonical blocks start at
-    ``qblock_start`` (host values): an uninitialised float32 ``[heads, delta_start[S]]``, the
-    segments' offsets ``delta_start`` (int64 ``[S + 1]``, ``128 * sum n_s^2`` before segment s)
-    and the table kernel's scratch (float32 ``[blocks, heads, QBAR_PARTS_WORDS]``: each pair's
-    qbar parts as B fragments)."""
-    import torch
-
-    starts = [0]
-    for a, b in zip(qblock_start[:-1], qblock_start[1:], strict=True):
-        starts.append(starts[-1] + 128 * (b - a) ** 2)
-    table = torch.empty((heads, starts[-1]), dtype=torch.float32, device=device)
-    parts = torch.empty((max(qblock_start[-1], 1), heads, QBAR_PARTS_WORDS), dtype=torch.float32,
-                        device=device)
-    return table, torch.tensor(starts, dtype=torch.int64, device=device), parts
-
-
-def delta_table_attention(module: Any) -> Callable[..., None]:
-    """The attention entry of a ``delta_table=True`` build, with production's argument order after
-    the table's three: the table kernel, then the kernel that reads it."""
-
-    def attention(out: Tensor, table: Tensor, delta_start: Tensor, parts: Tensor, qbar: Tensor,
-                  q_f16: Tensor, k_f16: Tensor, v_f16: Tensor, seg_bounds: Tensor,
-                  vkey_start: Tensor, qblock_start: Tensor, qblocks: Tensor, counter: Tensor,
-                  scale: float, vkeys_used: int) -> None:
-        module.nvfp4_delta_table(table, delta_start, parts, qbar, k_f16, seg_bounds, vkey_start,
-                                 qblock_start)
-        module.attention_nvfp4_wgmma_delta_table(out, table, delta_start, qbar, q_f16, k_f16, v_f16,
-                                                 seg_bounds, vkey_start, qblock_start, qblocks,
-                                                 counter, scale, vkeys_used)
-
-    return attention
-
-
 def wgmma_fp16_nvfp4_launcher(module: Any, backend: Backend) -> Launch:
     """The NVFP4 pre-pass that writes the FP16 operands (``quantize_nvfp4_fp16``: means, then
     q_f16, k_f16, v_f16; no codes) and the Hopper NVFP4 kernel of module ``nvfp4_wgmma``. The
     kernel takes the plan's used V columns (``vkey_start[S]``): its K and V tensor maps end
-    there. A ``delta_table=True`` benchmark build also gets its delta table (allocated per plan
-    and workspace: :func:`delta_table_buffers`), which its attention call fills first."""
-    table_build = bool(module.attention_nvfp4_wgmma_delta_table_build())
+    there."""
 
     def derive(plan: Plan, views: tuple[Tensor, ...]) -> Any:
         tables = plan.args  # seg_bounds, vkey_start, qblock_start, qblocks
         # views: kbar, qbar, q_f16, k_f16, v_f16, item_counter
         kbar, qbar, q_f16, k_f16, v_f16, counter = views
         fp16 = (q_f16, k_f16, v_f16)
-        extra = delta_table_buffers(plan.host.qblock_start, k_f16.shape[0], k_f16.device) \
-            if table_build else ()
-        return ((*tables, kbar, qbar, *fp16), (*extra, qbar, *fp16, *tables, counter),
+        return ((*tables, kbar, qbar, *fp16), (qbar, *fp16, *tables, counter),
                 (plan.host.vkey_start[-1],))
 
-    attention = delta_table_attention(module) if table_build else module.attention_nvfp4_wgmma
-    return prepass_attention_launcher(module.quantize_nvfp4_fp16, attention, derive)
+    return prepass_attention_launcher(module.quantize_nvfp4_fp16, module.attention_nvfp4_wgmma,
+                                      derive)
 
 
 def reference_launcher(module: Any, backend: Backend) -> Launch:

@@ -122,25 +122,22 @@ register_module(ModuleDef(
     register_usage_level=8,
     flags=PREPASS_FLAGS + JIT_FLAGS + (
         "background_traffic", "cluster_ctas", "dynamic_schedule", "kv_copies", "o_update",
-        "ping_pong", "poly_exp2_every", "prefetch_next_item", "q_in_kernel", "smem_carveout",
+        "ping_pong", "poly_exp2_every", "q_in_kernel", "smem_carveout",
         "softmax", "stages", "tile_keys", "wait_sleep_ns"),
 ))
 register_module(ModuleDef(
     "nvfp4_wgmma", ("quantize.cu.jinja", "attention_nvfp4_wgmma.cu.jinja"), "nvfp4",
     archs=("sm_90a",),
-    exports=("quantize_nvfp4_fp16", "attention_nvfp4_wgmma", "attention_nvfp4_wgmma_smem_bytes",
-             "attention_nvfp4_wgmma_delta_table_build"),
+    exports=("quantize_nvfp4_fp16", "attention_nvfp4_wgmma", "attention_nvfp4_wgmma_smem_bytes"),
     about="NVFP4 pre-pass writing FP16 operands + the Hopper NVFP4 kernel: warp-specialised, TMA "
           "+ mbarriers, FP16 wgmma on the exactly dequantised operands, P quantised in registers",
     register_usage_level=8,
     prepass_output="fp16",
     flags=PREPASS_FLAGS + JIT_FLAGS + (
-        "background_traffic", "delta", "delta_mma_sync", "delta_table", "delta_wgmma_regs",
-        "dynamic_schedule", "early_item_publish", "f16_rounding", "fast_rounding", "fold_p_scale",
-        "k_stages", "kv_copies", "ping_pong", "poly_exp2_every", "prefetch_next_item",
-        "pv_under_softmax", "quantize_p", "row_divisor", "shared_delta_loads", "shared_space",
-        "smem_carveout", "softmax", "store_under_qk", "table_prefetch", "v_stages",
-        "wait_sleep_ns", "wide_consumers"),
+        "background_traffic", "delta", "delta_mma_sync", "delta_wgmma_regs", "dynamic_schedule",
+        "f16_rounding", "fast_rounding", "fold_p_scale", "k_stages", "kv_copies", "ping_pong",
+        "poly_exp2_every", "quantize_p", "smem_carveout", "softmax", "v_stages", "wait_sleep_ns",
+        "wide_consumers"),
 ))
 register_module(ModuleDef(
     "nvfp4_mma_probe", ("mma_probe_nvfp4.cu.jinja",), "nvfp4", exports=("mma_nvfp4_probe",),

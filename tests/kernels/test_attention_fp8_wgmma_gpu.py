@@ -227,10 +227,9 @@ T128 = {"tile_keys": 128, "poly_exp2_every": 32}
     ("flags", "base_flags"),
     [({"stages": 3}, None), ({"ping_pong": False}, None), ({"wait_sleep_ns": 0}, None),
      ({"cluster_ctas": 2}, None), ({**T128, "dynamic_schedule": True}, T128),
-     ({"q_in_kernel": 1}, None), ({"prefetch_next_item": True}, None),
-     ({"background_traffic": 1}, None)],
+     ({"q_in_kernel": 1}, None), ({"background_traffic": 1}, None)],
     ids=["ring-3", "no-ping-pong", "polling-waits", "clusters", "dynamic-order-128", "q-in-kernel",
-         "prefetch-next-item", "background-traffic"],
+         "background-traffic"],
 )
 @pytest.mark.parametrize("bounds", BENCHMARK_BOUNDS, ids=BENCHMARK_IDS)
 def test_benchmark_builds_match_production(
@@ -240,7 +239,7 @@ def test_benchmark_builds_match_production(
     (benchmarks/bench_wgmma_variants.py: a deeper ring, no ping-pong, the producer's waits
     polling, clusters of two CTAs sharing each K/V tile copy, on a schedule of block pairs;
     with 128-key tiles the dynamic item order; Q quantised in the kernel after a pre-pass
-    without Q; the producer's L2 prefetch of its next item's Q; the producer warpgroup's warps 1-3
+    without Q; the producer warpgroup's warps 1-3
     streaming the pre-pass's traffic, rewriting the Q codes with their own bytes while the
     consumers read them) give their reference build's output
     (production, or the 128-key build) bit for bit. On segments of 1, 17, 162, ... tokens (single

@@ -171,17 +171,9 @@ def run_kernel(module: Any, prep: Prepared, scale: float = DEFAULT_SCALE,
         v, t = prep.views, prep.tables
         used = build_host_plan(prep.bounds).vkey_start[-1]
         fp16 = (v["q_f16"], v["k_f16"], v["v_f16"])
-        attention, extra = module.attention_nvfp4_wgmma, ()
-        if module.attention_nvfp4_wgmma_delta_table_build():
-            from flashinfer_h3.backends import delta_table_attention, delta_table_buffers
-
-            attention = delta_table_attention(module)
-            if not hasattr(prep, "delta_table"):  # made once, outside any graph capture
-                prep.delta_table = delta_table_buffers(  # type: ignore[attr-defined]
-                    build_host_plan(prep.bounds).qblock_start, prep.heads, out.device)
-            extra = prep.delta_table  # type: ignore[attr-defined]
-        attention(out, *extra, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
-                  t["qblock_start"], t["qblocks"], v["item_counter"], scale, used)
+        module.attention_nvfp4_wgmma(out, v["qbar"], *fp16, t["seg_bounds"], t["vkey_start"],
+                                     t["qblock_start"], t["qblocks"], v["item_counter"], scale,
+                                     used)
     else:
         module.attention_nvfp4(out, *prep.kernel_args(), scale)
     return out

@@ -234,9 +234,6 @@ class Recorder:
     def attention_fp8_wgmma_cluster_ctas(self) -> int:  # the FP8 Hopper build's query
         return 1
 
-    def attention_nvfp4_wgmma_delta_table_build(self) -> bool:  # the NVFP4 Hopper build's query
-        return False
-
 
 class FakePlan:
     """The parts of a Plan a launcher reads: the device tables, the FP8 Hopper kernel's item

@@ -34,15 +34,6 @@ __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
                : "memory");
   return v;
 }
-// Two floats at a shared-state-space address plus a compile-time byte offset (the same sections,
-// .v2 .f32; the address operand [reg+imm], 6.4.1 "Addresses as Operands"): one LDS.64 with an
-// immediate offset, whatever the compiler knows of the address.
-template <int kOffset>
-__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2+%3];" : "=f"(v.x), "=f"(v.y) : "r"(addr), "n"(kOffset) : "memory");
-  return v;
-}
 __device__ __forceinline__ void st_shared_v2_b32(uint32_t addr, uint2 v) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");
 }

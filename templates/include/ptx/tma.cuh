@@ -42,23 +42,5 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* tma
       : "memory");
 }
 
-// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes (PTX ISA 9.7.9.25.4.1,
-// "cp.async.bulk"): `bytes` contiguous bytes from global `src` to shared `dst` (both 16-byte
-// aligned, bytes a multiple of 16), completing on `bar` by counting them. No tensor map: for rows
-// that a kernel laid out contiguously (the NVFP4 delta table's, nvfp4_delta_table.cuh).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
-// cp.async.bulk.prefetch.L2.global (PTX ISA 9.7.9.25.4.3, "cp.async.bulk.prefetch"): `bytes`
-// (a multiple of 16) from global `src` (16-byte aligned) into L2, no completion to wait for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
-               : "memory");
-}
-
 }  // namespace ptx
 }  // namespace flashinfer_h3

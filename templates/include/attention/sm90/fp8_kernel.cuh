@@ -74,7 +74,7 @@ struct Fp8Params {
   int tokens;
   int k_scale_stride;
   float c;  // fp32(softmax_scale) * fp32(log2 e)
-  // [H, T, 128], what tm_q maps (kPrefetchNext builds; last, so production's offsets are unchanged)
+  // [H, T, 128], what tm_q maps (background_traffic builds; last, so production's offsets are unchanged)
   const uint8_t* q_codes;
 };
 
@@ -159,31 +159,15 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
-// kNextItem builds (Fp8Options::kPrefetchNext): item `it`'s Q block and its rows' Q scales into L2,
-// hints that nothing waits for. The block's code rows are contiguous (128 bytes each): one bulk
-// prefetch (the tensor-map form over-fetched: nvfp4_kernel.cuh prefetch_next_item_operands). The
-// scales through the 16-byte-aligned span inside them (the bulk prefetch's alignment; never past
-// the rows' own bytes).
-__device__ __forceinline__ void prefetch_next_q(const Fp8Params& p, const WorkItem& it) {
-  const uint64_t row = head_offset(it.head, p.tokens) + it.row_begin;  // of [H, T]
-  ptx::bulk_prefetch_l2(p.q_codes + row * kHeadDim, static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim);
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p.q_scales + row);
-  const uintptr_t end = first + static_cast<uintptr_t>(it.row_end - it.row_begin) * sizeof(float);
-  const uintptr_t begin16 = (first + 15) & ~uintptr_t{15}, end16 = end & ~uintptr_t{15};
-  if (end16 > begin16) {
-    ptx::bulk_prefetch_l2(reinterpret_cast<const void*>(begin16), static_cast<uint32_t>(end16 - begin16));
-  }
-}
-
 // The producer thread. kDynamic: the dynamic item order (tile_scheduler.cuh): it draws each next
 // item and publishes it in sm.item with the q_full arrival, once every reader has read the last
 // one (sm.item.empty).
 // kQRaw: the kQInKernel builds' Q path (produce_item); the producer then waits for the staging
 // area (q_staging), not sm.q, which the quantizer warps fill.
-// kNextItem: the static order's next item's Q into L2 once this item's copies are issued
-// (prefetch_next_q).
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, bool kQRaw = false, bool kNextItem = false,
-          class Smem>
+// (Measured and removed after 2ecf91a: the static order's next item's Q block and Q scales
+// prefetched into L2 once this item's copies are issued, prefetch_next_item: -2.6 % at h3-10s
+// within a 4 % spread, +3.2 % on 333-token segments; benchmarks/RESULTS.md, thirty-fourth session.)
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, int kCtas, bool kQRaw = false, class Smem>
 __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                         const CUtensorMap* tm_v, const Fp8Params& p) {
   RingSlot slot;
@@ -196,9 +180,6 @@ __device__ __forceinline__ void produce(Smem& sm, const CUtensorMap* tm_q, const
       // kQRaw: the tile loop rolled (unrolled as production's, it spilled 56 bytes of the
       // producer warpgroup's 24 registers once the quantizer warps' code shared the region).
       produce_item<kWaitSleepNs, kQRaw, kCopyKv, kCtas, kQRaw>(sm, tm_q, tm_k, tm_v, it, slot);
-      if constexpr (kNextItem) {
-        if (i + 1 < p.schedule.end()) prefetch_next_q(p, schedule_item<kCtas>(p.plan, p.schedule, i + 1));
-      }
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
@@ -354,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          bool PrefetchNextItem = false, int BackgroundTraffic = 0>
+          int BackgroundTraffic = 0>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -383,15 +364,6 @@ struct Fp8Options {
   // then skip Q.
   // 1: one hand-off of the whole block (q_full, q_empty); 2: one per consumer, each consumer's rows
   // written as soon as it released them (QStaging::q_full / q_empty).
-  // The producer prefetches its next item's Q block and Q scales into L2 once this item's copies
-  // are issued (benchmark builds; prefetch_next_q): both are read once per item, from DRAM on the
-  // item boundary's chain otherwise. The static order, one CTA a cluster, the codes' Q path.
-  // (The tensor-map form measured +0.4 / -2.1 / -0.9 % at h3-mix / h3-10s / 333-token segments,
-  // within the rounds' spread, and over-fetched in the NVFP4 kernel; this bulk form is not
-  // measured yet: benchmarks/RESULTS.md, thirty-second session.)
-  static constexpr bool kPrefetchNext = PrefetchNextItem;
-  static_assert(!PrefetchNextItem || (!DynamicOrder && ClusterCtas == 1 && QInKernel == 0),
-                "prefetch_next_item: the static order, clusters of one, Q from the pre-pass");
   static constexpr bool kQInKernel = QInKernel != 0;
   // Benchmark builds (background_traffic.cuh): warps 1-3 of the producer warpgroup stream the
   // pre-pass's DRAM traffic and arithmetic while the consumers run (the output is production's).
@@ -728,8 +700,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas, Opt::kQInKernel, Opt::kPrefetchNext>(
-          sm, &tm_q, &tm_k, &tm_v, p);
+      produce<Opt::kWaitSleepNs, Opt::kDynamic, Opt::kCopyKv, Opt::kClusterCtas, Opt::kQInKernel>(sm, &tm_q, &tm_k,
+                                                                                                 &tm_v, p);
     } else if (Opt::kQInKernel && threadIdx.x >= 32) {
       // q_scales is the workspace region the binding passes (writable; Fp8Params keeps it const
       // for the consumers' reads).

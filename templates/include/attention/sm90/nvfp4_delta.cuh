@@ -18,7 +18,7 @@
 // less kernel time than the mma.sync form on the H100 (benchmarks/RESULTS.md, twenty-fifth
 // session). N = 8 products bound by their 2 KB A operand hold the tensor pipe ~16 cycles each;
 // the delta=False build measured 5.7-6.2 % faster in the twenty-fifth session and 1.9-2.0 % in
-// the thirtieth, and a precomputed table (nvfp4_delta_table.cuh) did not pay for itself.
+// the thirtieth, and a precomputed table (the delta_table build, removed) did not pay for itself.
 //
 // Exactness: Khat (s * code) is exact in FP16. qbar is FP32, so B holds it as two FP16 parts,
 // hi = fp16(qbar 2^k) and lo = fp16(qbar 2^k - hi), with 2^k chosen per (block, head) so that the

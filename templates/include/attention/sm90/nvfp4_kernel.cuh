@@ -43,7 +43,6 @@
 #include "background_traffic.cuh"
 #include "fragment_coords.cuh"
 #include "nvfp4_delta.cuh"
-#include "nvfp4_delta_table.cuh"  // kDeltaRowBytes
 #include "nvfp4_shared_storage.cuh"
 #include "nvfp4_softmax.cuh"
 #include "tile_scheduler.cuh"
@@ -90,18 +89,6 @@ enum Nvfp4Variant : int {
   kDynamicOrder = 64,   // the dynamic item order (off: static striding; tile_scheduler.cuh)
   kCopyKvTiles = 128,   // K and V copied for every tile (off: once per ring slot, later tiles reuse it)
   kF16Rounding = 256,   // rn_e2m1 of P on f16x2 pairs (off: on FP32 values; nvfp4_softmax.cuh)
-  // Not in production (a benchmark build adds it): the epilogue divides through one reciprocal a
-  // row, as the FP8 kernel's does (attention/epilogue.cuh RowDivisor), instead of a div.rn per
-  // element: measured 0.7 % slower at h3-10s and 3-7 % on short segments (benchmarks/RESULTS.md,
-  // twenty-third session, before RowDivisor kept -0 and infinities), and again 0.9-1.3 % slower
-  // on today's kernel (thirty-first session). The div.rn epilogue is one of the item boundary's
-  // two paths (the consumer's: last softmax, last PV, 64 dependent division chains); the other
-  // is the next item's operands (Q copy, qbar load, first delta). Alone, neither change shortens
-  // the boundary if the other path binds: the benchmark build with kPrefetchNextItem and
-  // kEarlyItemPublish shortens both: -3.1 % at 3 tiles an item but +1.5 % at h3-mix and +0.6 %
-  // at h3-10s (H100, thirty-fourth session), where every boundary build loses 0.6-2.5 % in a tile
-  // loop that ptxas scheduled anew.
-  kRowDivisorEpilogue = 512,
   // The delta products as wgmma m64n8k16 by a warpgroup of their own (produce_delta_wg; 512 threads
   // a CTA). Off (benchmark build delta_mma_sync, production until 2026-12-06): mma.sync m16n8k16
   // on warps 1-3 of the producer warpgroup (produce_delta; 384 threads).
@@ -116,68 +103,22 @@ enum Nvfp4Variant : int {
   // With kDeltaWgmmaSmemA: the delta warpgroup at 40 registers, the consumers at 216. Off
   // (benchmark build wide_consumers=False, production until 2026-12-06): 72 and 200.
   kWideConsumers = 4096,
-  // Not in production (a benchmark build adds it): the storage reached as shared memory
-  // (aligned_shared_storage), so the kernel's C++ accesses to it (the P-scale tables, the delta
-  // buffer's writes, the item slot) are LDS / STS rather than generic LD / ST, and the consumers'
-  // delta loads are ld.shared on one 32-bit base with immediate offsets. Measured 1.7-4.9 %
-  // slower on an H100 (ptxas allocates the consumers' registers otherwise: 1.2 % more
-  // instructions, 1.9 % more cycles at one clock; benchmarks/RESULTS.md, twenty-eighth session).
-  kSharedSpace = 8192,
-  // Not in production (a benchmark build adds it): only the consumers' delta loads as ld.shared on
-  // immediate offsets (the storage still reached through an integer, every other access generic).
-  // Measured 1.4-2.1 % slower on an H100 (ptxas reschedules the tile loop around the loads;
-  // benchmarks/RESULTS.md, twenty-ninth session).
-  kSharedDeltaLoads = 16384,
-  // Not in production (a benchmark build): the delta of every (query block, K tile) pair read from
-  // a table that nvfp4_delta_table_kernel wrote before the launch (nvfp4_delta_table.cuh), copied
-  // by the TMA thread into the tile's delta buffer with the K tile (on its k_full barrier), instead
-  // of computed per tile by a delta warpgroup: 3 warpgroups (TMA, two consumers). Measured 1.7-1.9
-  // % slower a call with its table kernels (benchmarks/RESULTS.md, thirtieth session).
-  kDeltaTable = 32768,
-  // Not in production (a benchmark build adds it): each GEMM phase issues QK^T(t) first and PV(t -
-  // 1) second; the consumer waits for the QK^T alone, runs the exponential part of tile t's
-  // softmax (scores, maxima, scales, exponentials, row sums: s and the row state only) while PV(t
-  // - 1) is on the tensor cores, then waits for it, rescales O and quantises P into the registers
-  // the PV read. One P buffer: P(t) is written after the PV wait, so the registers are those of
-  // production. Measured on an H100, kernel alone: +2.8 % (h3-mix) and +4.0 % (h3-10s); with
-  // kPinExponentials +4.4 and +7.9 % (benchmarks/RESULTS.md, thirty-first session; the first
-  // day's form of this order had lost 5 % too).
-  kPvUnderSoftmax = 65536,
-  // With kPvUnderSoftmax (benchmark build pv_under_softmax=2): each consumer thread stores its two
-  // row sums' total into an unused word of the storage (qbar_parts, the delta_mma_sync build's)
-  // before the PV wait. The store depends on all 64 exponentials, and ptxas keeps it before the
-  // wait: without it ptxas computes the exponent arguments under the PV and leaves the 64
-  // MUFU.EX2 and the row sums behind the wait.
-  kPinExponentials = 131072,
-  // Not in production (a benchmark build adds it): once the TMA thread has drawn its next item
-  // (after this item's last copies are issued, one to two tiles before this item ends), it
-  // prefetches that item's Q block and qbar row into L2 (prefetch_next_item_operands), so that
-  // the Q copy after both consumers' last QK^T and the delta warpgroup's qbar load, both on the
-  // item boundary's chain, read L2 rather than DRAM. (Its first form, a tensor-map prefetch of
-  // the Q boxes, over-fetched and measured 1-2 % slower. This bulk form measured +2.0 % at
-  // h3-mix, +1.1 % at h3-10s and -0.5 % at 3 tiles an item on an H100, and under Nsight Compute
-  // it too read 2.1x production's L2 sectors and +1.9 GB from DRAM at h3-10s, ~500 times the
-  // bytes it names: benchmarks/RESULTS.md, thirty-second and thirty-fourth sessions.)
-  kPrefetchNextItem = 262144,
-  // Not in production (a benchmark build adds it): the TMA thread arrives on item_full as soon as
-  // it has published the item, before the item's Q copy, and the delta warpgroup takes the item
-  // on that barrier rather than on q_full: its qbar load and the first tile's delta then overlap
-  // the Q copy instead of following it on the item boundary's chain. Alone at a locked clock:
-  // production's cycles (-0.1 %, h3-10s, H100; thirty-second session).
-  kEarlyItemPublish = 524288,
-  // Not in production (a benchmark build adds it): an item's output is written while the next
-  // item's first QK^T runs (after that GEMM phase hands the turn on), not before the consumer takes
-  // the next item: the epilogue leaves the item boundary's chain for the tensor cores' shadow. O
-  // is zeroed after the store, before the first softmax. Measured on an H100, kernel alone: +1.5 %
-  // (h3-mix), +2.8 % (h3-10s), +10.8 % (184 segments of 333 tokens): the divisions beside the
-  // consumer's own wgmma take longer than the store alone did (thirty-second session).
-  kDeferredStore = 1048576,
   // Not in production (benchmark builds background_traffic=1 / 2): warps 1-3 of the TMA
   // warpgroup stream the pre-pass's DRAM traffic and a proxy of its arithmetic while the
   // consumers run (background_traffic.cuh: what a pre-pass fused into those warps would cost);
   // kBackgroundTrafficSkipped: the same code behind a run-time condition that never holds.
-  kBackgroundTraffic = 2097152,
-  kBackgroundTrafficSkipped = 4194304,
+  kBackgroundTraffic = 8192,
+  kBackgroundTrafficSkipped = 16384,
+  // (Measured, not kept, and removed after 2ecf91a, where their builds and tests are; each is in
+  // benchmarks/RESULTS.md with its numbers: the epilogue through one reciprocal a row, row_divisor,
+  // 0.7-1.3 % slower (twenty-third, thirty-first sessions); the storage as shared-space LDS / STS,
+  // shared_space and shared_delta_loads, 1.4-4.9 % (twenty-eighth, twenty-ninth); the delta from a
+  // table written by a kernel of its own, delta_table, 1.7-1.9 % (thirtieth); QK^T(t) first and the
+  // exponential part of tile t's softmax under PV(t - 1), pv_under_softmax, +2.8 to +7.9 %
+  // (thirty-first); at the item boundary, the next item's Q block and qbar prefetched into L2,
+  // the item published to the delta warpgroup before its Q copy and the output stored under the
+  // next item's first QK^T, prefetch_next_item, early_item_publish, store_under_qk: -3.1 % on
+  // 3-tile items, +0.6 to +2.8 % at h3-mix and h3-10s (thirty-second to thirty-fourth).)
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -186,16 +127,11 @@ template <int kVariant>
 constexpr int nvfp4_threads() {
   return (kVariant & kDeltaOnWgmma) != 0 ? (2 + kConsumers) * kWarpgroupThreads : kThreads;
 }
-// The delta_table build (kDeltaTable, 384 threads): the TMA warpgroup keeps kNvfp4TmaRegs, the
-// consumers get production's kNvfp4WideConsumerRegs (232 measured no faster, thirtieth session).
-static_assert((kNvfp4TmaRegs + kNvfp4WideConsumerRegs * kConsumers) * kWarpgroupThreads <= 168 * kThreads,
-              "the delta_table build's consumers' registers must come from the TMA warpgroup's");
 
 // (Measured and removed, benchmarks/RESULTS.md: QK^T(t) first and PV(t - 1) under the softmax
 // of tile t, with PV issued outside the turn (+3.7 to +5.6 %) or in it from a shared-memory P
-// block (+7.7 %); the softmax one row after the other (+0.4 to +0.7 %). Measured, kept as
-// benchmark builds: both GEMMs in the turn, QK^T first, the exponential part under the PV,
-// kPvUnderSoftmax, +2.8 to +7.9 %.) Measured, not built:
+// block (+7.7 %), or in the turn with the exponential part under the PV (+2.8 to +7.9 %); the
+// softmax one row after the other (+0.4 to +0.7 %).) Measured, not built:
 // three consumer warpgroups on 64-key tiles in a round-robin turn (the register budget's only
 // three-consumer shape) do 0.97x the row-keys per cycle of this ping-pong on resident operands,
 // benchmarks/sm90_pipes.cu "nvfp4 loop" rows: a 64-key softmax costs 57 % of a 128-key one and
@@ -209,7 +145,7 @@ struct Nvfp4Params {
   float c;             // fp32(softmax_scale) * fp32(log2 e)
 };
 
-// What the kPrefetchNextItem builds' TMA thread prefetches from: the Q operand tm_q maps. The
+// The Q operand tm_q maps, as a pointer: what the background_traffic builds' warps rewrite. The
 // kernel's last parameter, so that production's parameters and code are those of before it.
 struct QOperandRef {
   const __half* q_f16;  // [H, tokens, 128]
@@ -222,26 +158,15 @@ struct QOperandRef {
 // producer warpgroups' waits (0: plain polling; ptx::mbarrier_wait_suspend).
 // The copies of one item: its Q block (two atoms), then its K and V^T tiles as slots free up.
 // kCopyKv = false (benchmark builds): each ring slot copied once (fp8_kernel.cuh produce_item).
-// kTable (kDeltaTable builds): each K tile's delta row from `delta_row` (the item's row of the
-// table) into the tile's delta buffer, completing on the K tile's barrier.
-// kPrefetch > 0 (kTable): the delta rows of the tiles kPrefetch ahead go to L2 first (the table
-// is read once, from DRAM).
-template <uint32_t kWaitSleepNs, bool kCopyKv, bool kTable, int kPrefetch = 0, class Smem>
+template <uint32_t kWaitSleepNs, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot,
-                                             const float* delta_row) {
+                                             const CUtensorMap* tm_v, const WorkItem& it, RingSlot& slot) {
   ptx::mbarrier_arrive_expect_tx(&sm.q_full, kFp16TileBytes);
   ptx::tma_load_3d(sm.q[0], tm_q, &sm.q_full, 0, it.row_begin, it.head);
   ptx::tma_load_3d(sm.q[1], tm_q, &sm.q_full, 64, it.row_begin, it.head);
   const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-  if constexpr (kTable && kPrefetch > 0) {
-    ptx::bulk_prefetch_l2(delta_row, static_cast<uint32_t>(min(tiles, kPrefetch)) * kDeltaRowBytes);
-  }
   for (int t = 0; t < tiles; ++t, ++slot.index) {
     const int ks = slot.stage<Smem::kKStages>(), vs = slot.stage<Smem::kVStages>();
-    if constexpr (kTable && kPrefetch > 0) {
-      if (t + kPrefetch < tiles) ptx::bulk_prefetch_l2(delta_row + (t + kPrefetch) * kTileKeys, kDeltaRowBytes);
-    }
     const int pos = it.vcol0 + t * kTileKeys;  // K rows and V^T columns share positions
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.k_empty[ks], slot.parity<Smem::kKStages>() ^ 1u);
     if (!kCopyKv && slot.index >= (Smem::kKStages > Smem::kVStages ? Smem::kKStages : Smem::kVStages)) {
@@ -250,8 +175,7 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
       ptx::mbarrier_arrive(&sm.v_full[vs]);
       continue;
     }
-    ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes + (kTable ? kDeltaRowBytes : 0u));
-    if constexpr (kTable) ptx::bulk_load(sm.delta[ks], delta_row + t * kTileKeys, kDeltaRowBytes, &sm.k_full[ks]);
+    ptx::mbarrier_arrive_expect_tx(&sm.k_full[ks], kFp16TileBytes);
     ptx::tma_load_3d(sm.k[ks][0], tm_k, &sm.k_full[ks], 0, pos, it.head);
     ptx::tma_load_3d(sm.k[ks][1], tm_k, &sm.k_full[ks], 64, pos, it.head);
     ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.v_empty[vs], slot.parity<Smem::kVStages>() ^ 1u);
@@ -261,61 +185,31 @@ __device__ __forceinline__ void produce_item(Smem& sm, const CUtensorMap* tm_q, 
   }
 }
 
-// kPrefetchNextItem builds: item w's Q block and qbar row into L2, hints that nothing waits for.
-// Both are read once per item, so without them they come from DRAM while the item boundary waits.
-// The block's rows are contiguous in q_f16 (256 bytes each): one bulk prefetch covers them. (The
-// tensor-map form, cp.async.bulk.prefetch.tensor of the two boxes the Q copy reads, measured 2.1x
-// the kernel's L2 read sectors and +2.9 GB of DRAM reads at h3-10s on an H100: far more than the
-// boxes; benchmarks/RESULTS.md, thirty-second session.)
-__device__ __forceinline__ void prefetch_next_item_operands(const Nvfp4Params& p, const QOperandRef& qr, int w) {
-  if (!has_item(p.plan, w)) return;
-  const WorkItem it = work_item(p.plan, w);
-  const __half* q = qr.q_f16 + (static_cast<int64_t>(it.head) * qr.tokens + it.row_begin) * kHeadDim;
-  ptx::bulk_prefetch_l2(q, static_cast<uint32_t>(it.row_end - it.row_begin) * kHeadDim * sizeof(__half));
-  const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
-  ptx::bulk_prefetch_l2(p.qbar + static_cast<uint64_t>(qbar_row) * kHeadDim, kHeadDim * sizeof(float));
-}
-
-// The item's row of the delta table (kDeltaTable builds).
-__device__ __forceinline__ const float* delta_table_row(const DeltaTableRef& dt, const WorkItem& it) {
-  const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-  return dt.table + it.head * dt.head_floats + __ldg(dt.start + it.segment) +
-         static_cast<int64_t>(it.canonical - it.kblock0) * tiles * kTileKeys;
-}
-
 // The TMA thread (warp 0 of the producer warpgroup). kDynamic: the dynamic item order
-// (tile_scheduler.cuh), as the FP8 kernel's producer. dt: the delta table (kTable builds only).
-// kNextItem (kPrefetchNextItem builds, dynamic order): the next item's Q block and qbar into L2 once drawn.
-// kEarlyItem (kEarlyItemPublish builds, dynamic order): item_full arrived on once the item is published.
-template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, bool kTable, int kPrefetch = 0, bool kNextItem = false,
-          bool kEarlyItem = false, class Smem>
+// (tile_scheduler.cuh), as the FP8 kernel's producer.
+template <uint32_t kWaitSleepNs, bool kDynamic, bool kCopyKv, class Smem>
 __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_v, const Nvfp4Params& p,
-                                              const DeltaTableRef& dt, const QOperandRef& qr = {}) {
+                                              const CUtensorMap* tm_v, const Nvfp4Params& p) {
   RingSlot slot;
   uint32_t items = 0;
   if constexpr (!kDynamic) {
     for (int w = blockIdx.x; has_item(p.plan, w); w += gridDim.x, ++items) {
       const WorkItem it = work_item(p.plan, w);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
-      produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                             kTable ? delta_table_row(dt, it) : nullptr);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, it, slot);
     }
   } else {
     for (int w = blockIdx.x;; ++items) {
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_empty, (items & 1u) ^ 1u);
       ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.item.empty, (items & 1u) ^ 1u);
       sm.item.publish(w);
-      if constexpr (kEarlyItem) ptx::mbarrier_arrive(&sm.item_full);  // release: the slot's write first
       if (!has_item(p.plan, w)) {
         ptx::mbarrier_arrive(&sm.q_full);  // the terminator: no copy
         break;
       }
       const WorkItem it = work_item(p.plan, w);
-      produce_item<kWaitSleepNs, kCopyKv, kTable, kPrefetch>(sm, tm_q, tm_k, tm_v, it, slot,
-                                                             kTable ? delta_table_row(dt, it) : nullptr);
+      produce_item<kWaitSleepNs, kCopyKv>(sm, tm_q, tm_k, tm_v, it, slot);
       w = draw_item(sm.item);  // once this item's copies are issued (fp8_kernel.cuh produce)
-      if constexpr (kNextItem) prefetch_next_item_operands(p, qr, w);
     }
   }
 }
@@ -323,11 +217,10 @@ __device__ __forceinline__ void produce_tiles(Smem& sm, const CUtensorMap* tm_q,
 // The next item of a reader (a delta thread or a consumer thread), its `items`-th: in the dynamic
 // order the producer's (after its q_full arrival), else w as the static loop has it. False at
 // the end. kWaitSleepNs: the reader's suspend-time hint (0: polling).
-// kEarlyItem: on item_full (the early_item_publish build's delta warpgroup) instead of q_full.
-template <bool kDynamic, uint32_t kWaitSleepNs, bool kEarlyItem = false, class Smem>
+template <bool kDynamic, uint32_t kWaitSleepNs, class Smem>
 __device__ __forceinline__ bool take_item(Smem& sm, const PlanTables& plan, uint32_t items, int& w, WorkItem& it) {
   if constexpr (kDynamic) {
-    ptx::mbarrier_wait_suspend<kWaitSleepNs>(kEarlyItem ? &sm.item_full : &sm.q_full, items & 1u);
+    ptx::mbarrier_wait_suspend<kWaitSleepNs>(&sm.q_full, items & 1u);
     w = sm.item.read();
   }
   if (!has_item(plan, w)) return false;
@@ -350,10 +243,7 @@ __device__ __forceinline__ void delta_tile_loop(Smem& sm, const Nvfp4Params& p, 
   RingSlot slot;
   for (int w = blockIdx.x, items = 0;; ++items) {
     WorkItem it;
-    if (!take_item<kDynamic, kWaitSleepNs, (kVariant & kEarlyItemPublish) != 0>(sm, p.plan,
-                                                                                 static_cast<uint32_t>(items), w, it)) {
-      break;
-    }
+    if (!take_item<kDynamic, kWaitSleepNs>(sm, p.plan, static_cast<uint32_t>(items), w, it)) break;
     if constexpr (!kDynamic) w += gridDim.x;
     // (block, head) < 2^31 (the binding checks): an unsigned 32-bit index, no sign word held.
     const uint32_t qbar_row = static_cast<uint32_t>(it.canonical) * p.plan.heads + it.head;
@@ -448,26 +338,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[32
 }
 
 // A tile's delta (128 floats) as the initial scores: s[4i + 2r + e] = delta[8i + 2t + e]. Through
-// an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer); with
-// kShared, ld.shared on the base's 32-bit shared address (generic loads otherwise: the base is
-// opaque).
-template <bool kShared = false>
+// an opaque base, so that the 16 loads take immediate offsets (common.cuh opaque_pointer).
+// (ld.shared on the base's 32-bit shared address instead: 1.4-2.1 % slower, shared_delta_loads.)
 __device__ __forceinline__ void delta_as_scores(float (&s)[64], const float* delta, int quad_col) {
-  if constexpr (kShared) {
-    const uint32_t base = ptx::smem_addr(delta + quad_col);
-    static_for<16>([&](auto i) {
-      const float2 v = ptx::ld_shared_v2_f32<32 * decltype(i)::value>(base);
-      s[4 * i] = s[4 * i + 2] = v.x;
-      s[4 * i + 1] = s[4 * i + 3] = v.y;
-    });
-  } else {
-    const float2* d = opaque_pointer(reinterpret_cast<const float2*>(delta + quad_col));
+  const float2* d = opaque_pointer(reinterpret_cast<const float2*>(delta + quad_col));
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float2 v = d[4 * i];
-      s[4 * i] = s[4 * i + 2] = v.x;
-      s[4 * i + 1] = s[4 * i + 3] = v.y;
-    }
+  for (int i = 0; i < 16; ++i) {
+    const float2 v = d[4 * i];
+    s[4 * i] = s[4 * i + 2] = v.x;
+    s[4 * i + 1] = s[4 * i + 3] = v.y;
   }
 }
 
@@ -482,14 +361,11 @@ __device__ __forceinline__ void rescale_o(float (&o)[64], const Nvfp4RowState& s
 
 // The delta of the tile of `slot` as the initial scores; then the warp hands the delta buffer
 // back to the delta warpgroup (or warps).
-// kTable (kDeltaTable builds): the delta came with the K tile (k_full); the K tile's release
-// (k_empty, after the QK^T that follows these loads) frees it.
-template <bool kShared, bool kTable, class Smem>
+template <class Smem>
 __device__ __forceinline__ void load_delta(float (&s)[64], Smem& sm, const RingSlot& slot, int quad_col) {
   const int stage = slot.stage<Smem::kKStages>();
-  ptx::mbarrier_wait(kTable ? &sm.k_full[stage] : &sm.delta_full[stage], slot.parity<Smem::kKStages>());
-  delta_as_scores<kShared>(s, sm.delta[stage], quad_col);
-  if constexpr (kTable) return;
+  ptx::mbarrier_wait(&sm.delta_full[stage], slot.parity<Smem::kKStages>());
+  delta_as_scores(s, sm.delta[stage], quad_col);
   // Every lane releases its own loads (as every delta lane publishes its own writes): the
   // handoff is then a direct arrive -> wait pair per thread, which racecheck follows (one lane's
   // arrival after __syncwarp is as correct, but racecheck reports the other lanes' loads).
@@ -521,37 +397,6 @@ __device__ __forceinline__ void release_qk_operands(Smem& sm, const RingSlot& sl
   if (last_tile) ptx::mbarrier_arrive(&sm.q_empty);
 }
 
-// kPvUnderSoftmax: the tile loop's GEMM phase (both wgmma groups issued, QK^T(t) first) and its
-// softmax around the PV(t - 1) still in flight: the exponential part after the QK^T's wait, the
-// O rescale and the P quantisation after the PV's. The releases are after_gemms' (K and Q after
-// the first wait, V after the second).
-template <int kVariant, int kPolyExp2Every, class Smem>
-__device__ __forceinline__ void softmax_under_pv(float (&s)[64], float (&o)[64], uint32_t (&pa)[32],
-                                                 Nvfp4RowState& st, Smem& sm, RingSlot& slot, bool last_tile,
-                                                 float c) {
-  static_assert((kVariant & kSoftmax) != 0, "pv_under_softmax: with the softmax");
-  constexpr bool kQuantize = (kVariant & kQuantizeP) != 0, kFold = (kVariant & kFoldPScale) != 0;
-  ptx::wgmma_wait<1>();  // QK^T(t): the older group
-  ptx::fence_operands(s);
-  if (signals_for_warpgroup()) release_qk_operands(sm, slot, last_tile);
-  const Nvfp4TileScales<2> scales =
-      nvfp4_softmax_exponentials<kQuantize, kFold, 64, kPolyExp2Every>(s, st, c, sm.recip, sm.p_fold);
-  if constexpr ((kVariant & kPinExponentials) != 0) {
-    static_assert((kVariant & kDeltaOnWgmma) != 0, "the pinning store uses the delta_mma_sync build's words");
-    static_assert(sizeof(sm.qbar_parts) >= kConsumerThreads * sizeof(float), "a word a consumer thread");
-    float* word = reinterpret_cast<float*>(&sm.qbar_parts[0][0]) + (threadIdx.x - 2 * kWarpgroupThreads);
-    *word = st.l[0] + st.l[1];
-  }
-  ptx::wgmma_wait<0>();  // PV(t - 1)
-  ptx::fence_operands(o);
-  ptx::fence_operands(pa);
-  if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
-  nvfp4_quantize_p_tile<kQuantize, (kVariant & kFastRounding) != 0, kFold, (kVariant & kF16Rounding) != 0, 64>(
-      s, pa, scales);
-  rescale_o(o, st);
-  ++slot.index;
-}
-
 // After the GEMMs of a phase completed: release the K tile of `slot` (the Q block after the last
 // tile) and the previous V tile, then the softmax of the tile and the rescale of O.
 template <int kVariant, int kPolyExp2Every, class Smem>
@@ -580,9 +425,8 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
 }
 
 // out = bf16_rn(O / l) for the thread's two rows of item w, if they are rows of its block (SPEC
-// 3.8); l: those rows' shares of the sums (kDeferredStore builds: the previous item's).
-// kRowDivisor: Nvfp4Variant kRowDivisorEpilogue.
-template <bool kRowDivisor>
+// 3.8); l: those rows' shares of the sums. A div.rn an element: through one reciprocal a row (the
+// FP8 kernel's RowDivisor) measured 0.7-1.3 % slower here, 3-7 % on short segments.
 __device__ __forceinline__ void store_item_output(const float (&o)[64], const float (&l)[2], int w,
                                                   const Nvfp4Params& p, int row_in_block, int quad_col) {
   // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
@@ -593,7 +437,7 @@ __device__ __forceinline__ void store_item_output(const float (&o)[64], const fl
     const int row = it.row_begin + row_in_block + 8 * r;
     if (row >= it.row_end) continue;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
-    attention::store_row_bf16<false, kRowDivisor>(dst, nullptr, row_l,
+    attention::store_row_bf16<false, false>(dst, nullptr, row_l,
                                                   [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
@@ -603,10 +447,6 @@ __device__ __forceinline__ void store_item_output(const float (&o)[64], const fl
 // stalls, benchmarks/RESULTS.md).
 template <int kVariant, int kPolyExp2Every, class Smem>
 __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int consumer) {
-  constexpr bool kSharedDelta = (kVariant & (kSharedSpace | kSharedDeltaLoads)) != 0;  // load_delta's form
-  constexpr bool kTable = (kVariant & kDeltaTable) != 0;
-  constexpr bool kDeferred = (kVariant & kDeferredStore) != 0;
-  constexpr bool kRowDivisor = (kVariant & kRowDivisorEpilogue) != 0;
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   // This consumer's 64 rows of Q atom 0 (8 KB in: still 1024-byte aligned); atom 1 follows it.
@@ -617,58 +457,37 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 #pragma unroll
   for (int i = 0; i < 32; ++i) pa[i] = 0u;
   Nvfp4RowState st;
-  if constexpr (kDeferred) st.reset();  // its l is read as the previous item's at every item's start
 
   const PingPong<(kVariant & kPingPongOrder) != 0> turn(consumer);
   turn.start();
 
   RingSlot slot;
   uint32_t items = 0;
-  int w_prev = -1;  // kDeferred: the item whose output o still holds (-1: none)
   for (int w = blockIdx.x;; ++items) {
     WorkItem it;
-    if constexpr (kDeferred) {  // the last item taken: the dynamic order's w, the static one's before its stride
-      w_prev = items == 0 ? -1 : (kVariant & kDynamicOrder) != 0 ? w : w - static_cast<int>(gridDim.x);
-    }
     if (!take_item<(kVariant & kDynamicOrder) != 0, 0>(sm, p.plan, items, w, it)) break;
-    const float l_prev[2] = {st.l[0], st.l[1]};  // kDeferred: the previous item's rows'
     st.reset();
-    if constexpr (!kDeferred) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    }
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
     if constexpr ((kVariant & kDynamicOrder) == 0) ptx::mbarrier_wait(&sm.q_full, items & 1u);
 
     // The first GEMM phase issues QK^T of tile 0 alone, the last one PV of the last tile alone:
     // no wgmma sits in a branch (ptxas would serialise every wgmma of the kernel otherwise).
-    load_delta<kSharedDelta, kTable>(s, sm, slot, quad_col);
+    load_delta(s, sm, slot, quad_col);
     turn.wait();  // my GEMM phase
     issue_qk_when_ready(s, q_desc, sm, slot);
     turn.pass();
-    if constexpr (kDeferred) {
-      // The previous item's output while this QK^T runs (o is none of its operands), then O = 0.
-      if (w_prev >= 0) store_item_output<kRowDivisor>(o, l_prev, w_prev, p, row_in_block, quad_col);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    }
     ptx::wgmma_wait<0>();
     after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, tiles == 1, false, p.c);
     for (int t = 1; t < tiles; ++t) {
-      load_delta<kSharedDelta, kTable>(s, sm, slot, quad_col);
+      load_delta(s, sm, slot, quad_col);
       turn.wait();  // my GEMM phase
-      if constexpr ((kVariant & kPvUnderSoftmax) != 0) {
-        issue_qk_when_ready(s, q_desc, sm, slot);
-        issue_pv_when_ready(o, pa, sm, slot);
-        turn.pass();
-        softmax_under_pv<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, p.c);
-      } else {
-        issue_pv_when_ready(o, pa, sm, slot);
-        issue_qk_when_ready(s, q_desc, sm, slot);
-        turn.pass();
-        ptx::wgmma_wait<0>();
-        after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
-      }
+      issue_pv_when_ready(o, pa, sm, slot);
+      issue_qk_when_ready(s, q_desc, sm, slot);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      after_gemms<kVariant, kPolyExp2Every>(s, o, pa, st, sm, slot, t == tiles - 1, true, p.c);
     }
     turn.wait();  // my GEMM phase
     issue_pv_when_ready(o, pa, sm, slot);
@@ -678,12 +497,8 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
     ptx::fence_operands(pa);
     if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[slot.previous_stage<Smem::kVStages>()]);
     // (the dynamic order's slot may hold the next item by now: w, not the slot, names this one)
-    if constexpr (!kDeferred) store_item_output<kRowDivisor>(o, st.l, w, p, row_in_block, quad_col);
+    store_item_output(o, st.l, w, p, row_in_block, quad_col);
     if constexpr ((kVariant & kDynamicOrder) == 0) w += gridDim.x;
-  }
-  // kDeferred: the last item's output (no QK^T left to hide it under; st.l is still its own).
-  if constexpr (kDeferred) {
-    if (w_prev >= 0) store_item_output<kRowDivisor>(o, st.l, w_prev, p, row_in_block, quad_col);
   }
   turn.finish();
 }
@@ -694,20 +509,15 @@ __device__ __forceinline__ void consume(Smem& sm, const Nvfp4Params& p, int cons
 // warpgroups' suspend-time hint; kPolyExp2Every: every n-th exponential of a tile on the FMA pipe
 // (0, production: none; nvfp4_softmax.cuh).
 template <int kVariant, int kKStages = kNvfp4KStages, int kVStages = kNvfp4VStages,
-          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0, int kTablePrefetch = 0>
+          uint32_t kWaitSleepNs = kProducerWaitSleepNs, int kPolyExp2Every = 0>
 __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
     attention_nvfp4_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                                 const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p,
-                                 const DeltaTableRef dt, const QOperandRef qr) {
+                                 const __grid_constant__ CUtensorMap tm_v, const Nvfp4Params p, const QOperandRef qr) {
   using Smem = Nvfp4SharedStorage<kKStages, kVStages>;
   extern __shared__ uint8_t dynamic_smem[];
-  Smem& sm = (kVariant & kSharedSpace) != 0 ? aligned_shared_storage<Smem>(dynamic_smem)
-                                            : aligned_storage<Smem>(dynamic_smem);
+  Smem& sm = aligned_storage<Smem>(dynamic_smem);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   constexpr bool kDeltaWg = (kVariant & kDeltaOnWgmma) != 0;
-  constexpr bool kTable = (kVariant & kDeltaTable) != 0;
-  static_assert(!(kTable && kDeltaWg), "the delta table replaces the delta warpgroup");
-  static_assert(!kTable || (kVariant & kCopyKvTiles) != 0, "delta_table: with every K tile copied");
   constexpr bool kWide = (kVariant & kWideConsumers) != 0;
   static_assert((kVariant & (kDeltaWgmmaSmemA | kWideConsumers)) == 0 || kDeltaWg,
                 "the SS delta and the wide consumers are parts of the delta warpgroup's builds");
@@ -715,7 +525,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   static_assert((kVariant & (kBackgroundTraffic | kBackgroundTrafficSkipped)) == 0 || kDeltaWg,
                 "background_traffic: with the delta warpgroup (warps 1-3 of the TMA warpgroup idle)");
   if (threadIdx.x == 0) {
-    init_barriers<kDeltaWg, kTable, (kVariant & kEarlyItemPublish) != 0>(sm);
+    init_barriers<kDeltaWg>(sm);
     sm.item.counter = p.item_counter;  // the dynamic item order's (tile_scheduler.cuh)
     ptx::prefetch_tensormap(&tm_q);
     ptx::prefetch_tensormap(&tm_k);
@@ -726,28 +536,11 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   }
   __syncthreads();
   constexpr bool kDynamic = (kVariant & kDynamicOrder) != 0, kCopyKv = (kVariant & kCopyKvTiles) != 0;
-  if constexpr (kTable) {
-    if (warpgroup == 0) {
-      ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
-      if (threadIdx.x == 0) {
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, true, kTablePrefetch>(sm, &tm_q, &tm_k, &tm_v, p, dt);
-      }
-    } else {
-      ptx::setmaxnreg_inc<kNvfp4WideConsumerRegs>();
-      consume<kVariant, kPolyExp2Every>(sm, p, warpgroup - 1);
-    }
-    return;
-  }
   if constexpr (kDeltaWg) {
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kNvfp4TmaRegs>();
       if (threadIdx.x == 0) {
-        constexpr bool kNextItem = (kVariant & kPrefetchNextItem) != 0;
-        constexpr bool kEarlyItem = (kVariant & kEarlyItemPublish) != 0;
-        static_assert(!(kNextItem || kEarlyItem) || kDynamic,
-                      "prefetch_next_item, early_item_publish: with the dynamic item order");
-        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false, 0, kNextItem, kEarlyItem>(sm, &tm_q, &tm_k, &tm_v, p,
-                                                                                       dt, qr);
+        produce_tiles<kWaitSleepNs, kDynamic, kCopyKv>(sm, &tm_q, &tm_k, &tm_v, p);
       } else if ((kVariant & (kBackgroundTraffic | kBackgroundTrafficSkipped)) != 0 && threadIdx.x >= 32) {
         // The NVFP4 pre-pass's traffic (10 B read, 6 B of FP16 operands written) in passes over
         // the FP16 Q operand (2 B), rewritten with its own bytes; the skipped form's condition
@@ -769,7 +562,7 @@ __global__ void __launch_bounds__(nvfp4_threads<kVariant>(), 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kNvfp4ProducerRegs>();
     if (threadIdx.x == 0) {
-      produce_tiles<kWaitSleepNs, kDynamic, kCopyKv, false>(sm, &tm_q, &tm_k, &tm_v, p, dt);
+      produce_tiles<kWaitSleepNs, kDynamic, kCopyKv>(sm, &tm_q, &tm_k, &tm_v, p);
     } else if (threadIdx.x >= 32) {
       produce_delta<kVariant, kWaitSleepNs>(sm, p, threadIdx.x / 32 - 1, threadIdx.x % 32);
     }

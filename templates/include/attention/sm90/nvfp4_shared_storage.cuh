@@ -51,9 +51,6 @@ struct alignas(1024) Nvfp4SharedStorage {
   uint64_t v_full[kVDepth], v_empty[kVDepth];
   uint64_t delta_full[kKDepth], delta_empty[kKDepth];
   ItemSlot item;  // the dynamic order's current item (tile_scheduler.cuh)
-  // The early_item_publish build's: the producer arrives once it has published the item, before
-  // the item's Q copy (the delta warpgroup's wait; last, so production's layout is unchanged).
-  uint64_t item_full;
 };
 
 // The delta warpgroup's B operand (kDeltaOnWgmma, production; nvfp4_delta.cuh): qbar's FP16 hi
@@ -94,18 +91,16 @@ constexpr uint32_t kConsumerThreads = kConsumers * kWarpgroupThreads;
 // warps; each of its four warps releases a K tile once its reads are done (its wgmmas' completion,
 // or its ldmatrix in the RS build), and every one of its threads publishes its own delta writes
 // and reads the item.
-// kTable (the delta_table build): no delta warps; the delta comes with the K tile.
-// kEarlyItem (the early_item_publish build): item_full, one arrival (the producer's).
-template <bool kDeltaWg = false, bool kTable = false, bool kEarlyItem = false, int kKDepth, int kVDepth>
+template <bool kDeltaWg = false, int kKDepth, int kVDepth>
 __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDepth>& s) {
-  constexpr uint32_t kDeltaReaders = kTable ? 0u : kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
-  constexpr uint32_t kDeltaReleases = kTable ? 0u : kDeltaWg ? kWarpgroupThreads / 32 : kDeltaWarps;
+  constexpr uint32_t kDeltaReaders = kDeltaWg ? kWarpgroupThreads : kDeltaThreads;
+  constexpr uint32_t kDeltaReleases = kDeltaWg ? kWarpgroupThreads / 32 : kDeltaWarps;
   ptx::mbarrier_init(&s.q_full, 1);
   ptx::mbarrier_init(&s.q_empty, kConsumers);
   for (int i = 0; i < kKDepth; ++i) {
     ptx::mbarrier_init(&s.k_full[i], 1);
     ptx::mbarrier_init(&s.k_empty[i], kConsumers + kDeltaReleases);
-    ptx::mbarrier_init(&s.delta_full[i], kTable ? 1u : kDeltaReaders);
+    ptx::mbarrier_init(&s.delta_full[i], kDeltaReaders);
     ptx::mbarrier_init(&s.delta_empty[i], kConsumerThreads);
   }
   for (int i = 0; i < kVDepth; ++i) {
@@ -113,7 +108,6 @@ __device__ __forceinline__ void init_barriers(Nvfp4SharedStorage<kKDepth, kVDept
     ptx::mbarrier_init(&s.v_empty[i], kConsumers);
   }
   ptx::mbarrier_init(&s.item.empty, kConsumerThreads + kDeltaReaders);  // the item's readers
-  if constexpr (kEarlyItem) ptx::mbarrier_init(&s.item_full, 1);
   ptx::fence_mbarrier_init();
 }
 

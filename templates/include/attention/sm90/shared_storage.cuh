@@ -84,16 +84,6 @@ __device__ __forceinline__ Storage& aligned_storage(uint8_t* dynamic_smem) {
   return *reinterpret_cast<Storage*>(p);
 }
 
-// The same storage, reached by an offset from the dynamic shared-memory array itself rather than
-// through an integer: the compiler then still knows the storage is shared memory, so a C++ access
-// to it is an LDS / STS on a 32-bit address instead of a generic LD / ST on a 64-bit one (the
-// NVFP4 kernel's shared_space benchmark build).
-template <class Storage>
-__device__ __forceinline__ Storage& aligned_shared_storage(uint8_t* dynamic_smem) {
-  const uint32_t pad = (1024u - (ptx::smem_addr(dynamic_smem) & 1023u)) & 1023u;
-  return *reinterpret_cast<Storage*>(dynamic_smem + pad);
-}
-
 // Arrivals that complete each barrier's phase: `full` barriers complete on the producer's one
 // arrive.expect_tx plus the copy's bytes; `empty` barriers on one arrival per consumer warpgroup
 // of each of the kClusterCtas CTAs that a slot's copies fill (the FP8 kernel's clusters: a CTA
