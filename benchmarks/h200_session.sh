@@ -17,9 +17,14 @@
 # A JIT cache built on the CPU can come along: `bash benchmarks/carry_cache.sh` builds .h3carry
 # (production and the record's benchmark builds), carry .h3carry; it is copied into the session's cache.
 set -uo pipefail
+what=${1:-all}
+modes=" tests bench fp8 sanitize profile diagnose ncu mix breakdown prepass_sms variants against l2 qin energy none all record "
+if [[ $modes != *" $what "* ]]; then
+    echo "h200_session.sh: unknown mode '$what'; expected one of:$modes" >&2
+    exit 2
+fi
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
-what=${1:-all}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD

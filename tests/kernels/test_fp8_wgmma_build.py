@@ -68,6 +68,10 @@ def test_resources(so: Path) -> None:
     bt.assert_no_local_memory(so, KERNEL)
     smem = int(bt.load(so).attention_fp8_wgmma_smem_bytes())
     assert 0 < smem <= MAX_SMEM
+    # No L2 prefetch of its own (the removed prefetch_next_item build's UBLKPF; UTMAPF: the
+    # tensor-map form).
+    sass = bt.sass(so, KERNEL)
+    assert "UBLKPF" not in sass and "UTMAPF" not in sass
 
 
 def test_module_is_hopper_only() -> None:

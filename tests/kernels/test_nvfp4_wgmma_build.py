@@ -98,6 +98,16 @@ def test_no_local_memory(so: Path) -> None:
     assert 0 < smem <= MAX_SMEM
 
 
+def test_epilogue_divides_each_element_and_nothing_is_prefetched(so: Path) -> None:
+    """The epilogue is bf16_rn(O / l) through one div.rn an output (a thread's 64: one range
+    check ``FCHK`` each; one reciprocal a row measured slower here, nvfp4_kernel.cuh
+    store_item_output), and the kernel issues no L2 prefetch of its own (``UBLKPF`` / ``UTMAPF``:
+    the removed prefetch builds' forms read more than they named)."""
+    sass = bt.sass(so, KERNEL)
+    assert sass.count("FCHK") == 64
+    assert "UBLKPF" not in sass and "UTMAPF" not in sass
+
+
 def test_delta_loads_take_offsets_and_wgmma_asynchronous(so: Path) -> None:
     """The consumers load a K tile's delta as the initial scores with 16 8-byte loads from one
     base and immediate offsets (common.cuh opaque_pointer; with the buffer's alignment known, the

@@ -184,3 +184,18 @@ def test_carry_cache_builds_what_the_record_times() -> None:
     for op, only in carried:
         builds = [flags for _, flags in module.selected_variants(op, only) if flags]
         assert len(builds) == len(only.split(",")), (op, only, builds)
+
+
+def test_h200_session_refuses_an_unknown_mode(tmp_path: Path) -> None:
+    # Its modes list is the set of modes it has a step for (plus `none`, the setup alone), and
+    # a mode it lacks (a removed one, a typo) stops before the device session's setup spends
+    # device time on a run that does nothing.
+    path = ROOT / "benchmarks" / "h200_session.sh"
+    session = path.read_text()
+    listed = set(re.search(r'^modes=" (.*) "$', session, re.M).group(1).split())
+    handled = set(re.findall(r"\$what == (\w+)", session))
+    assert listed == handled | {"none"}
+    done = subprocess.run(["bash", str(path), "boundary"], capture_output=True, text=True,
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert done.returncode == 2 and "unknown mode 'boundary'" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -110,15 +110,17 @@ enum Nvfp4Variant : int {
   kBackgroundTraffic = 8192,
   kBackgroundTrafficSkipped = 16384,
   // (Measured, not kept, and removed after 2ecf91a, where their builds and tests are; each is in
-  // benchmarks/RESULTS.md with its numbers: the epilogue through one reciprocal a row, row_divisor,
-  // 0.7-1.3 % slower (twenty-third, thirty-first sessions); the storage as shared-space LDS / STS,
-  // shared_space and shared_delta_loads, 1.4-4.9 % (twenty-eighth, twenty-ninth); the delta from a
-  // table written by a kernel of its own, delta_table, 1.7-1.9 % (thirtieth); QK^T(t) first and the
-  // exponential part of tile t's softmax under PV(t - 1), pv_under_softmax, +2.8 to +7.9 %
-  // (thirty-first); at the item boundary, the next item's Q block and qbar prefetched into L2,
-  // the item published to the delta warpgroup before its Q copy and the output stored under the
-  // next item's first QK^T, prefetch_next_item, early_item_publish, store_under_qk: -3.1 % on
-  // 3-tile items, +0.6 to +2.8 % at h3-mix and h3-10s (thirty-second to thirty-fourth).)
+  // benchmarks/RESULTS.md with its numbers: the epilogue through one reciprocal a row,
+  // row_divisor, 0.7-2.3 % slower, 1.8-7 % on short segments (twenty-third, thirty-first,
+  // thirty-fourth sessions); the storage as shared-space LDS / STS, shared_space and
+  // shared_delta_loads, 1.4-4.9 % (twenty-eighth, twenty-ninth); the delta from a table written
+  // by a kernel of its own, delta_table and table_prefetch, 1.7-1.9 % a call (thirtieth); QK^T(t)
+  // first and the exponential part of tile t's softmax under PV(t - 1), pv_under_softmax, +2.8 to
+  // +7.9 % (thirty-first); at the item boundary, the next item's Q block and qbar prefetched into
+  // L2 and the item published to the delta warpgroup before its Q copy, prefetch_next_item and
+  // early_item_publish, -3.1 % on 3-tile items with row_divisor but +0.6 to +2.5 % at h3-10s and
+  // h3-mix, and the output stored under the next item's first QK^T, store_under_qk, +1.5 to
+  // +10.8 % (thirty-second to thirty-fourth).)
   kNvfp4Production = kQuantizeP | kComputeDelta | kSoftmax | kFastRounding | kPingPongOrder | kFoldPScale |
                      kDynamicOrder | kCopyKvTiles | kF16Rounding | kDeltaOnWgmma | kDeltaWgmmaSmemA | kWideConsumers,
 };
@@ -426,7 +428,7 @@ __device__ __forceinline__ void after_gemms(float (&s)[64], float (&o)[64], uint
 
 // out = bf16_rn(O / l) for the thread's two rows of item w, if they are rows of its block (SPEC
 // 3.8); l: those rows' shares of the sums. A div.rn an element: through one reciprocal a row (the
-// FP8 kernel's RowDivisor) measured 0.7-1.3 % slower here, 3-7 % on short segments.
+// FP8 kernel's RowDivisor) measured 0.7-2.3 % slower here, 1.8-7 % on short segments.
 __device__ __forceinline__ void store_item_output(const float (&o)[64], const float (&l)[2], int w,
                                                   const Nvfp4Params& p, int row_in_block, int quad_col) {
   // The item's rows again (L1-resident table reads) instead of keeping them live across the loop.
@@ -438,7 +440,7 @@ __device__ __forceinline__ void store_item_output(const float (&o)[64], const fl
     if (row >= it.row_end) continue;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(row) * p.plan.heads + it.head) * kHeadDim + quad_col;
     attention::store_row_bf16<false, false>(dst, nullptr, row_l,
-                                                  [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
+                                            [&](int i) { return make_float2(o[4 * i + 2 * r], o[4 * i + 2 * r + 1]); });
   }
 }
 

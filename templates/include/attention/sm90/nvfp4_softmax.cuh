@@ -169,7 +169,8 @@ struct Nvfp4TileScales {
 // exponentials out (kFold: y = Ptil / s of each group; else Ptil), in place; updates `st`
 // (st.alpha is now this tile's rescale of O) and returns the group scales for
 // nvfp4_quantize_p_tile. It reads and writes s and st only, so it may run while a wgmma still
-// reads P's registers and accumulates into O (the pv_under_softmax benchmark build).
+// reads P's registers and accumulates into O (the pv_under_softmax benchmark build did that:
+// measured slower, removed after 2ecf91a; nvfp4_kernel.cuh Nvfp4Variant).
 // c = softmax_scale * log2(e).
 //
 // The group maxima come first, from the scores: Ptil is a non-decreasing function of S (one
