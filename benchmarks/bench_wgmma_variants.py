@@ -126,6 +126,12 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
+        "PV under the softmax on 128-key tiles: O added in shared memory every 4 tiles":
+            {**T128, "pv_overlap": 4},
+        "PV under the softmax on 128-key tiles: O added in shared memory every 8 tiles":
+            {**T128, "pv_overlap": 8},
+        "PV under the softmax on 128-key tiles: O added every 4 tiles; 4 in 64 exp2 on FMA":
+            {**T128, "pv_overlap": 4, "poly_exp2_every": 16},
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "benchmark build: the pre-pass's DRAM traffic streamed by producer warps 1-3":

@@ -335,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          int BackgroundTraffic = 0>
+          int BackgroundTraffic = 0, int PvOverlap = 0>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -373,6 +373,13 @@ struct Fp8Options {
   static_assert(BackgroundTraffic >= 0 && BackgroundTraffic <= 2, "background_traffic: 0 (off), 1 or 2 (skipped)");
   static_assert(BackgroundTraffic == 0 || QInKernel == 0, "background_traffic: warps 1-3 are the Q quantizer's");
   static constexpr bool kQPerConsumer = QInKernel == 2;
+  // Benchmark builds (consume_overlap, 128-key tiles): N > 0 = PV(t - 1) under the softmax of
+  // tile t, its accumulator added into an FP32 O in shared memory every N tiles.
+  static constexpr int kPvOverlap = PvOverlap;
+  static_assert(PvOverlap >= 0, "pv_overlap: 0 (off) or the tiles between two additions into O");
+  static_assert(PvOverlap == 0 || (TileKeys == sm90::kTileKeys && QInKernel == 0 && ClusterCtas == 1 &&
+                                   BackgroundTraffic == 0 && !DynamicOrder && SoftmaxOn && OUpdateOn && CopyKvOn),
+                "pv_overlap: production's 256-key kernel otherwise");
   static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
   static_assert(QInKernel == 0 || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
                 "Q quantised in the kernel: 256-key tiles and the static item order");
@@ -663,6 +670,169 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   turn.finish();
 }
 
+// ---- PV under the softmax (benchmark builds, Fp8Options::kPvOverlap = N) -----------------------
+// FA3's intra-warpgroup overlap: a GEMM phase issues QK^T(t), then PV(t - 1), and waits for QK^T
+// alone; the softmax of tile t runs while PV(t - 1) does, which takes PV's 512 tensor cycles (and
+// its wait) out of each consumer's chain. S(t), P(t - 1) and the PV accumulator are then live
+// together, which leaves no room for an FP32 O beside a fresh Otmp: PV accumulates in the wgmma
+// accumulator (rescaled by alpha each tile, as FA3 does), and every N tiles that accumulator is
+// added into an FP32 O in shared memory (OMaster, 32 KB a consumer): the two-level accumulation
+// of spec 4.4 per N tiles.
+struct alignas(16) OMaster {
+  float4 v[kConsumers][16][kWarpgroupThreads];  // thread-private: [consumer][j][thread] = o[4j..4j+3]
+};
+template <class Storage>
+__device__ __forceinline__ OMaster& o_master(Storage& sm) {
+  return *reinterpret_cast<OMaster*>(reinterpret_cast<uint8_t*>(&sm) + sizeof(Storage));
+}
+
+// O_master = beta O_master + acc (the first addition of an item stores acc), per row.
+__device__ __forceinline__ void add_into_master(float4* slot, const float (&acc)[64], const float (&beta)[2],
+                                                bool first) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    float4 m = first ? make_float4(0.f, 0.f, 0.f, 0.f) : slot[j * kWarpgroupThreads];
+    m.x = first ? acc[4 * j] : fmaf(m.x, beta[0], acc[4 * j]);
+    m.y = first ? acc[4 * j + 1] : fmaf(m.y, beta[0], acc[4 * j + 1]);
+    m.z = first ? acc[4 * j + 2] : fmaf(m.z, beta[1], acc[4 * j + 2]);
+    m.w = first ? acc[4 * j + 3] : fmaf(m.w, beta[1], acc[4 * j + 3]);
+    slot[j * kWarpgroupThreads] = m;
+  }
+}
+
+// O = beta O_master + acc (the epilogue's O), in acc.
+__device__ __forceinline__ void add_master(const float4* slot, float (&acc)[64], const float (&beta)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float4 m = slot[j * kWarpgroupThreads];
+    acc[4 * j] = fmaf(m.x, beta[0], acc[4 * j]);
+    acc[4 * j + 1] = fmaf(m.y, beta[0], acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(m.z, beta[1], acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(m.w, beta[1], acc[4 * j + 3]);
+  }
+}
+
+// On 128-key tiles: S (64), P (16) and the accumulator (64) leave room to spare. (On 256-key
+// tiles, S (128), P (32) and the accumulator make 224 registers before any scalar: ptxas spilled
+// 1,116 bytes and serialised the wgmmas, 500 bytes with the masked softmax path removed;
+// benchmarks/RESULTS.md, fortieth session.) The accumulator's rescale is skipped by a warp whose
+// 16 rows all kept their maxima (alpha = 1: its fragment holds only its own rows).
+template <class Opt, int consumer, class Smem>
+__device__ __forceinline__ void consume_overlap(Smem& sm, const Fp8Params& p) {
+  constexpr int kPolyExp2Every = Opt::kPolyExp2Every, kEvery = Opt::kPvOverlap;
+  const FragmentCoords at(consumer);
+  const int quad_col = at.quad_col, row_in_block = at.row_in_block;
+  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
+  float4* master = &o_master(sm).v[consumer][0][threadIdx.x % kWarpgroupThreads];
+
+  float s[64], acc[64];
+  uint32_t pa[16];
+  Fp8RowState st;
+  float beta[2];
+
+  const PingPong<Opt::kPingPong> turn(consumer);
+  turn.start();
+
+  RingSlot slot;
+  uint32_t items = 0;
+  for (int i = p.schedule.begin();; ++i, ++items) {
+    if (i >= p.schedule.end()) break;
+    const WorkItem it = schedule_item<1>(p.plan, p.schedule, i);
+    const int row0 = it.row_begin + row_in_block;
+    const float* qs = p.q_scales + head_offset(it.head, p.tokens);
+    st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
+    const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
+    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
+    ptx::mbarrier_wait(&sm.q_full, items & 1u);
+    beta[0] = beta[1] = 1.0f;
+    {
+      const float sk = __ldg(ks);
+      turn.wait();
+      const int stage = slot.stage<Smem::kStages>();
+      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
+      issue_qk(s, q_rows, sm.k[stage][0]);
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      finish_qk<kPolyExp2Every, true>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
+    }
+    for (int t = 1; t < tiles; ++t) {
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
+      const int stage = slot.stage<Smem::kStages>();
+      const float sk = __ldg(ks + t);
+      turn.wait();
+      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
+      issue_qk(s, q_rows, sm.k[stage][0]);
+      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
+      {
+        const uint32_t v_desc = ptx::wgmma_desc_sw128_low(sm.v[pv_stage][0]);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kTileKeys / 32; ++k) {
+          const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
+          ptx::wgmma_m64n128k32_e4m3_rs(acc, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
+                                        k > 0 || (t - 1) % kEvery != 0);
+        }
+        ptx::wgmma_commit();
+      }
+      turn.pass();
+      ptx::wgmma_wait<1>();  // QK^T(t)
+      ptx::fence_operands(s);
+      if (signals_for_warpgroup()) {
+        ptx::mbarrier_arrive(&sm.k_empty[stage]);
+        if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
+      }
+      const int valid = it.seg_len - t * kTileKeys;
+      if (valid < kTileKeys) {
+        fp8_softmax_exp<true, kPolyExp2Every>(s, st, valid, sk, p.c, quad_col);
+      } else {
+        fp8_softmax_exp<false, kPolyExp2Every>(s, st, valid, sk, p.c, quad_col);
+      }
+      ptx::wgmma_wait<0>();  // PV(t - 1)
+      ptx::fence_operands(acc);
+      ptx::fence_operands(pa);
+      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      if (t % kEvery == 0) {
+        add_into_master(master, acc, beta, t == kEvery);
+        beta[0] = st.alpha[0];
+        beta[1] = st.alpha[1];
+      } else {
+        if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
+#pragma unroll
+          for (int j = 0; j < 64; ++j) acc[j] *= st.alpha[(j >> 1) & 1];
+        }
+        beta[0] *= st.alpha[0];
+        beta[1] *= st.alpha[1];
+      }
+      pack_p(s, pa);
+      ++slot.index;
+    }
+    {
+      const int pv_stage = slot.previous_stage<Smem::kStages>();
+      turn.wait();
+      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
+      {
+        const uint32_t v_desc = ptx::wgmma_desc_sw128_low(sm.v[pv_stage][0]);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kTileKeys / 32; ++k) {
+          const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
+          ptx::wgmma_m64n128k32_e4m3_rs(acc, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
+                                        k > 0 || (tiles - 1) % kEvery != 0);
+        }
+        ptx::wgmma_commit();
+      }
+      turn.pass();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(acc);
+      ptx::fence_operands(pa);
+      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
+      if (tiles > kEvery) add_master(master, acc, beta);
+    }
+    store_output(acc, st, schedule_item<1>(p.plan, p.schedule, i), row0, p, quad_col);
+  }
+  turn.finish();
+}
+
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
 // smem_bytes<Opt::kStages, Opt::kTileKeys, Opt::kQInKernel>(). kQInKernel builds: tm_q maps the
 // BF16 q [T, H, 128] in boxes of 64 channels x 128 tokens (128-byte swizzle), not the codes.
@@ -726,7 +896,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates
     // (a runtime index kept them in registers and pushed the fused schedule into spills).
-    if constexpr (Opt::kTileKeys == 2 * kTileKeys) {
+    if constexpr (Opt::kPvOverlap > 0 && Opt::kTileKeys == kTileKeys) {
+      if (warpgroup == 1) {
+        consume_overlap<Opt, 0>(sm, p);
+      } else {
+        consume_overlap<Opt, 1>(sm, p);
+      }
+    } else if constexpr (Opt::kTileKeys == 2 * kTileKeys) {
       if (warpgroup == 1) {
         consume_256<Opt, 0>(sm, p);
       } else {
