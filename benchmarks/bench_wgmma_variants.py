@@ -23,6 +23,9 @@ K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o
 copied into each ring slot once, later tiles reuse it: what their way from L2 costs, energy
 included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
+``pv_overlap=N`` with 128-key tiles (FA3's intra-warpgroup overlap: QK^T(t) issued before
+PV(t - 1), the softmax of tile t under PV(t - 1); PV accumulates in the wgmma's accumulator, added
+into an FP32 O in shared memory every N tiles);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
 a barrier of their own); ``background_traffic=1``
