@@ -242,8 +242,9 @@ def test_q_in_kernel_build(so: Path, flags: dict[str, object]) -> None:
 def test_pv_overlap_build(so: Path, every: int) -> None:
     """``pv_overlap`` (sm90/fp8_kernel.cuh consume_overlap, 128-key tiles): no local memory, no
     wgmma serialised by ptxas, each consumer's tile loop issues its 8 wgmmas (QK^T's 4 from shared
-    memory, PV's 4 with P from registers) asynchronously, and the build asks for the 128-key
-    storage plus the FP32 O of both consumers (64 KB); with 256-key tiles it is refused."""
+    memory, PV's 4 with P from registers) asynchronously, the FP32 O in shared memory is read and
+    written as LDS.128 / STS.128, and the build asks for the 128-key storage plus the FP32 O of
+    both consumers (64 KB); with 256-key tiles it is refused."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     flags = {"tile_keys": 128, "poly_exp2_every": 32, "pv_overlap": every}
@@ -253,6 +254,10 @@ def test_pv_overlap_build(so: Path, every: int) -> None:
     sass = bt.sass(build, KERNEL)
     assert len(re.findall(QGMMA + r" R\d+, gdesc", sass)) >= 2 * 4
     assert len(re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)) >= 2 * 4
+    # O's additions and the epilogue's read by shared-state-space addresses (16 float4 each):
+    # LDS.128 / STS.128, no generic LD.E / ST.E.
+    assert sass.count("STS.128") == 2 * 16 and sass.count("LDS.128") == 2 * 2 * 16
+    assert "LD.E.128" not in sass and "ST.E.128" not in sass
     base = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
                                           flags={"tile_keys": 128, "poly_exp2_every": 32})))
     assert int(bt.load(build).attention_fp8_wgmma_smem_bytes()) == (

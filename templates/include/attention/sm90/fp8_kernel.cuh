@@ -686,29 +686,37 @@ __device__ __forceinline__ OMaster& o_master(Storage& sm) {
   return *reinterpret_cast<OMaster*>(reinterpret_cast<uint8_t*>(&sm) + sizeof(Storage));
 }
 
-// O_master = beta O_master + acc (the first addition of an item stores acc), per row.
-__device__ __forceinline__ void add_into_master(float4* slot, const float (&acc)[64], const float (&beta)[2],
+// O_master = beta O_master + acc (the first addition of an item stores acc), per row. `slot`: the
+// shared-state-space address of the thread's first float4 (LDS.128 / STS.128 on 32-bit
+// addresses; through a generic pointer they were LD.E / ST.E on 64-bit ones).
+__device__ __forceinline__ void add_into_master(uint32_t slot, const float (&acc)[64], const float (&beta)[2],
                                                 bool first) {
+  constexpr uint32_t kStride = kWarpgroupThreads * sizeof(float4);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    float4 m = first ? make_float4(0.f, 0.f, 0.f, 0.f) : slot[j * kWarpgroupThreads];
-    m.x = first ? acc[4 * j] : fmaf(m.x, beta[0], acc[4 * j]);
-    m.y = first ? acc[4 * j + 1] : fmaf(m.y, beta[0], acc[4 * j + 1]);
-    m.z = first ? acc[4 * j + 2] : fmaf(m.z, beta[1], acc[4 * j + 2]);
-    m.w = first ? acc[4 * j + 3] : fmaf(m.w, beta[1], acc[4 * j + 3]);
-    slot[j * kWarpgroupThreads] = m;
+    float x[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+    if (!first) {
+      const uint4 m = ptx::ld_shared_v4_b32(slot + j * kStride);
+      x[0] = fmaf(__uint_as_float(m.x), beta[0], x[0]);
+      x[1] = fmaf(__uint_as_float(m.y), beta[0], x[1]);
+      x[2] = fmaf(__uint_as_float(m.z), beta[1], x[2]);
+      x[3] = fmaf(__uint_as_float(m.w), beta[1], x[3]);
+    }
+    ptx::st_shared_v4_b32(slot + j * kStride, make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                                                         __float_as_uint(x[2]), __float_as_uint(x[3])));
   }
 }
 
 // O = beta O_master + acc (the epilogue's O), in acc.
-__device__ __forceinline__ void add_master(const float4* slot, float (&acc)[64], const float (&beta)[2]) {
+__device__ __forceinline__ void add_master(uint32_t slot, float (&acc)[64], const float (&beta)[2]) {
+  constexpr uint32_t kStride = kWarpgroupThreads * sizeof(float4);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const float4 m = slot[j * kWarpgroupThreads];
-    acc[4 * j] = fmaf(m.x, beta[0], acc[4 * j]);
-    acc[4 * j + 1] = fmaf(m.y, beta[0], acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(m.z, beta[1], acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(m.w, beta[1], acc[4 * j + 3]);
+    const uint4 m = ptx::ld_shared_v4_b32(slot + j * kStride);
+    acc[4 * j] = fmaf(__uint_as_float(m.x), beta[0], acc[4 * j]);
+    acc[4 * j + 1] = fmaf(__uint_as_float(m.y), beta[0], acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(__uint_as_float(m.z), beta[1], acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(__uint_as_float(m.w), beta[1], acc[4 * j + 3]);
   }
 }
 
@@ -723,7 +731,7 @@ __device__ __forceinline__ void consume_overlap(Smem& sm, const Fp8Params& p) {
   const FragmentCoords at(consumer);
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
-  float4* master = &o_master(sm).v[consumer][0][threadIdx.x % kWarpgroupThreads];
+  const uint32_t master = ptx::smem_addr(&o_master(sm).v[consumer][0][threadIdx.x % kWarpgroupThreads]);
 
   float s[64], acc[64];
   uint32_t pa[16];
