@@ -219,14 +219,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
 }
 
 // Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh
-// accumulator.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile) {
+// accumulator; `accumulate` != 0 adds P V to it instead (the pv_overlap builds).
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile,
+                                         uint32_t accumulate = 0) {
   const uint32_t v_desc = ptx::wgmma_desc_sw128_low(v_tile);
   ptx::wgmma_fence();  // the softmax wrote pa and the O update read o: order both before the wgmma
 #pragma unroll
   for (int k = 0; k < kTileKeys / 32; ++k) {
     const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)), k > 0);
+    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
+                                  k > 0 || accumulate != 0);
   }
   ptx::wgmma_commit();
 }
@@ -771,17 +773,7 @@ __device__ __forceinline__ void consume_overlap(Smem& sm, const Fp8Params& p) {
       ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
       issue_qk(s, q_rows, sm.k[stage][0]);
       ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
-      {
-        const uint32_t v_desc = ptx::wgmma_desc_sw128_low(sm.v[pv_stage][0]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kTileKeys / 32; ++k) {
-          const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-          ptx::wgmma_m64n128k32_e4m3_rs(acc, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
-                                        k > 0 || (t - 1) % kEvery != 0);
-        }
-        ptx::wgmma_commit();
-      }
+      issue_pv(acc, pa, sm.v[pv_stage][0], (t - 1) % kEvery != 0);  // fresh after each addition
       turn.pass();
       ptx::wgmma_wait<1>();  // QK^T(t)
       ptx::fence_operands(s);
@@ -818,17 +810,7 @@ __device__ __forceinline__ void consume_overlap(Smem& sm, const Fp8Params& p) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
       turn.wait();
       ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
-      {
-        const uint32_t v_desc = ptx::wgmma_desc_sw128_low(sm.v[pv_stage][0]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kTileKeys / 32; ++k) {
-          const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-          ptx::wgmma_m64n128k32_e4m3_rs(acc, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
-                                        k > 0 || (tiles - 1) % kEvery != 0);
-        }
-        ptx::wgmma_commit();
-      }
+      issue_pv(acc, pa, sm.v[pv_stage][0], (tiles - 1) % kEvery != 0);
       turn.pass();
       ptx::wgmma_wait<0>();
       ptx::fence_operands(acc);
