@@ -13,7 +13,9 @@ determinism, a side stream, CUDA-graph capture replayed on new inputs, no tokens
 the public operator's auto backend on 9.0 through the whole call path, the benchmark-only
 builds of both Hopper kernels that change the schedule, not the arithmetic, against production,
 and the FP8 build that quantises Q in the kernel (``q_in_kernel``): bit-identical to production
-with the workspace's Q poisoned, and its FP64 row scales on every BF16 magnitude.
+with the workspace's Q poisoned, and its FP64 row scales on every BF16 magnitude; the
+``pv_overlap`` builds (PV under the softmax, O added in shared memory every N tiles) against the
+reference, the oracle and the 128-key build.
 """
 
 from __future__ import annotations
