@@ -23,9 +23,6 @@ K/V ring depth); with 128-key tiles only: ``softmax=False`` (S packed as P), ``o
 copied into each ring slot once, later tiles reuse it: what their way from L2 costs, energy
 included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
-``pv_overlap=N`` with 128-key tiles (FA3's intra-warpgroup overlap: QK^T(t) issued before
-PV(t - 1), the softmax of tile t under PV(t - 1); PV accumulates in the wgmma's accumulator, added
-into an FP32 O in shared memory every N tiles);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
 a barrier of their own); ``background_traffic=1``
@@ -40,7 +37,8 @@ them from a counter; FP8: True, the other way round), ``smem_carveout`` (the pre
 carveout). FP8 also: the production build with its CTAs striding over the items (``--only
 striding``), against the plan's balanced item schedule (flashinfer_h3/plan.py item_schedule).
 benchmarks/RESULTS.md also records builds tried and removed (other GEMM-phase schedules, PV
-accumulators over several tiles, a row-split softmax, waits and releases, a second Q block; the
+accumulators over several tiles, PV under the softmax on 128-key tiles (``pv_overlap``, up to
+b1ee1cb), a row-split softmax, waits and releases, a second Q block; the
 NVFP4 builds listed with ``Nvfp4Variant`` in attention/sm90/nvfp4_kernel.cuh, in the tree up to
 2ecf91a). Outputs
 of the delta / softmax / O-update builds are not attention; their times say what each part costs.
@@ -129,12 +127,6 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "fp8": {
         "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
-        "PV under the softmax on 128-key tiles: O added in shared memory every 4 tiles":
-            {**T128, "pv_overlap": 4},
-        "PV under the softmax on 128-key tiles: O added in shared memory every 8 tiles":
-            {**T128, "pv_overlap": 8},
-        "PV under the softmax on 128-key tiles: O added every 4 tiles; 4 in 64 exp2 on FMA":
-            {**T128, "pv_overlap": 4, "poly_exp2_every": 16},
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "benchmark build: the pre-pass's DRAM traffic streamed by producer warps 1-3":

@@ -122,7 +122,7 @@ register_module(ModuleDef(
     register_usage_level=8,
     flags=PREPASS_FLAGS + JIT_FLAGS + (
         "background_traffic", "cluster_ctas", "dynamic_schedule", "kv_copies", "o_update",
-        "ping_pong", "poly_exp2_every", "pv_overlap", "q_in_kernel", "smem_carveout",
+        "ping_pong", "poly_exp2_every", "q_in_kernel", "smem_carveout",
         "softmax", "stages", "tile_keys", "wait_sleep_ns"),
 ))
 register_module(ModuleDef(

@@ -236,31 +236,3 @@ def test_q_in_kernel_build(so: Path, flags: dict[str, object]) -> None:
         extra -= int(bt.load(so).attention_fp8_wgmma_smem_bytes())
         assert extra == 34 * 1024
     assert int(bt.load(build).attention_fp8_wgmma_smem_bytes()) <= MAX_SMEM
-
-
-@pytest.mark.parametrize("every", [1, 4])
-def test_pv_overlap_build(so: Path, every: int) -> None:
-    """``pv_overlap`` (sm90/fp8_kernel.cuh consume_overlap, 128-key tiles): no local memory, no
-    wgmma serialised by ptxas, each consumer's tile loop issues its 8 wgmmas (QK^T's 4 from shared
-    memory, PV's 4 with P from registers) asynchronously, the FP32 O in shared memory is read and
-    written as LDS.128 / STS.128, and the build asks for the 128-key storage plus the FP32 O of
-    both consumers (64 KB); with 256-key tiles it is refused."""
-    from flashinfer_h3.jit import KernelConfig, build_module
-
-    flags = {"tile_keys": 128, "poly_exp2_every": 32, "pv_overlap": every}
-    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags=flags)))
-    bt.assert_no_local_memory(build, KERNEL)
-    assert "C7512" not in (build.parent / "build.log").read_text()  # wgmma serialised
-    sass = bt.sass(build, KERNEL)
-    assert len(re.findall(QGMMA + r" R\d+, gdesc", sass)) >= 2 * 4
-    assert len(re.findall(QGMMA + r" R\d+, R\d+, gdesc", sass)) >= 2 * 4
-    # O's additions and the epilogue's read by shared-state-space addresses (16 float4 each):
-    # LDS.128 / STS.128, no generic LD.E / ST.E.
-    assert sass.count("STS.128") == 2 * 16 and sass.count("LDS.128") == 2 * 2 * 16
-    assert "LD.E.128" not in sass and "ST.E.128" not in sass
-    base = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
-                                          flags={"tile_keys": 128, "poly_exp2_every": 32})))
-    assert int(bt.load(build).attention_fp8_wgmma_smem_bytes()) == (
-        int(bt.load(base).attention_fp8_wgmma_smem_bytes()) + 64 * 1024)
-    with pytest.raises(Exception, match="pv_overlap"):
-        build_module(KernelConfig("fp8_wgmma", arch="sm_90a", flags={"pv_overlap": 4}))

@@ -27,16 +27,12 @@ __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
 }
 
 // Four words (16 bytes, 16-byte aligned) and two words (8 bytes, 8-byte aligned) by
-// shared-state-space address (the same sections, .v4 / .v2 vectors): LDS.128, STS.128 and STS.64.
+// shared-state-space address (the same sections, .v4 / .v2 vectors): LDS.128 and STS.64.
 __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
                : "memory");
   return v;
-}
-__device__ __forceinline__ void st_shared_v4_b32(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
 }
 __device__ __forceinline__ void st_shared_v2_b32(uint32_t addr, uint2 v) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(v.x), "r"(v.y) : "memory");

@@ -219,16 +219,14 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], const uint8_t* q_rows, 
 }
 
 // Otmp = P V over the tile's 128 keys (k32 steps along the 128-byte V^T rows), a fresh
-// accumulator; `accumulate` != 0 adds P V to it instead (the pv_overlap builds).
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile,
-                                         uint32_t accumulate = 0) {
+// accumulator.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pa)[16], const uint8_t* v_tile) {
   const uint32_t v_desc = ptx::wgmma_desc_sw128_low(v_tile);
   ptx::wgmma_fence();  // the softmax wrote pa and the O update read o: order both before the wgmma
 #pragma unroll
   for (int k = 0; k < kTileKeys / 32; ++k) {
     const uint32_t a[4] = {pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3]};
-    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)),
-                                  k > 0 || accumulate != 0);
+    ptx::wgmma_m64n128k32_e4m3_rs(o, a, ptx::wgmma_desc_from_low(v_desc + k32_step_offset(k)), k > 0);
   }
   ptx::wgmma_commit();
 }
@@ -337,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          int BackgroundTraffic = 0, int PvOverlap = 0>
+          int BackgroundTraffic = 0>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -375,13 +373,6 @@ struct Fp8Options {
   static_assert(BackgroundTraffic >= 0 && BackgroundTraffic <= 2, "background_traffic: 0 (off), 1 or 2 (skipped)");
   static_assert(BackgroundTraffic == 0 || QInKernel == 0, "background_traffic: warps 1-3 are the Q quantizer's");
   static constexpr bool kQPerConsumer = QInKernel == 2;
-  // Benchmark builds (consume_overlap, 128-key tiles): N > 0 = PV(t - 1) under the softmax of
-  // tile t, its accumulator added into an FP32 O in shared memory every N tiles.
-  static constexpr int kPvOverlap = PvOverlap;
-  static_assert(PvOverlap >= 0, "pv_overlap: 0 (off) or the tiles between two additions into O");
-  static_assert(PvOverlap == 0 || (TileKeys == sm90::kTileKeys && QInKernel == 0 && ClusterCtas == 1 &&
-                                   BackgroundTraffic == 0 && !DynamicOrder && SoftmaxOn && OUpdateOn && CopyKvOn),
-                "pv_overlap: production's 256-key kernel otherwise");
   static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
   static_assert(QInKernel == 0 || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
                 "Q quantised in the kernel: 256-key tiles and the static item order");
@@ -585,7 +576,11 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
 // exponentials then queue on MUFU; QK^T as one m64n256k32 chain, the O update before it:
 // 2-3 % slower; ninth session. QK^T of the tile's first 64 keys (m64n64k32) issued right
 // behind PV(t - 1), before its wait: 6-7 % slower, the waits it removed came back as MIO
-// throttle (x4) of the two consumers' MUFU.EX2; eleventh session.)
+// throttle (x4) of the two consumers' MUFU.EX2; eleventh session. FA3's intra-warpgroup overlap
+// on 128-key tiles, PV(t - 1) under the softmax of tile t, its accumulator added into an FP32 O
+// in shared memory every 4 or 8 tiles: 8-13 % slower than this kernel, 4.5-10 % slower than
+// 128-key tiles without it; its tile loop encodes 20 % more stall cycles a key than this one's;
+// forty-first session, in the tree up to b1ee1cb.)
 template <class Opt, int consumer, class Smem>
 __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   constexpr int kPolyExp2Every = Opt::kPolyExp2Every, kCtas = Opt::kClusterCtas;
@@ -672,157 +667,6 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   turn.finish();
 }
 
-// ---- PV under the softmax (benchmark builds, Fp8Options::kPvOverlap = N) -----------------------
-// FA3's intra-warpgroup overlap: a GEMM phase issues QK^T(t), then PV(t - 1), and waits for QK^T
-// alone; the softmax of tile t runs while PV(t - 1) does, which takes PV's 512 tensor cycles (and
-// its wait) out of each consumer's chain. S(t), P(t - 1) and the PV accumulator are then live
-// together, which leaves no room for an FP32 O beside a fresh Otmp: PV accumulates in the wgmma
-// accumulator (rescaled by alpha each tile, as FA3 does), and every N tiles that accumulator is
-// added into an FP32 O in shared memory (OMaster, 32 KB a consumer): the two-level accumulation
-// of spec 4.4 per N tiles.
-struct alignas(16) OMaster {
-  float4 v[kConsumers][16][kWarpgroupThreads];  // thread-private: [consumer][j][thread] = o[4j..4j+3]
-};
-template <class Storage>
-__device__ __forceinline__ OMaster& o_master(Storage& sm) {
-  return *reinterpret_cast<OMaster*>(reinterpret_cast<uint8_t*>(&sm) + sizeof(Storage));
-}
-
-// O_master = beta O_master + acc (the first addition of an item stores acc), per row. `slot`: the
-// shared-state-space address of the thread's first float4 (LDS.128 / STS.128 on 32-bit
-// addresses; through a generic pointer they were LD.E / ST.E on 64-bit ones).
-__device__ __forceinline__ void add_into_master(uint32_t slot, const float (&acc)[64], const float (&beta)[2],
-                                                bool first) {
-  constexpr uint32_t kStride = kWarpgroupThreads * sizeof(float4);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float x[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-    if (!first) {
-      const uint4 m = ptx::ld_shared_v4_b32(slot + j * kStride);
-      x[0] = fmaf(__uint_as_float(m.x), beta[0], x[0]);
-      x[1] = fmaf(__uint_as_float(m.y), beta[0], x[1]);
-      x[2] = fmaf(__uint_as_float(m.z), beta[1], x[2]);
-      x[3] = fmaf(__uint_as_float(m.w), beta[1], x[3]);
-    }
-    ptx::st_shared_v4_b32(slot + j * kStride, make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
-                                                         __float_as_uint(x[2]), __float_as_uint(x[3])));
-  }
-}
-
-// O = beta O_master + acc (the epilogue's O), in acc.
-__device__ __forceinline__ void add_master(uint32_t slot, float (&acc)[64], const float (&beta)[2]) {
-  constexpr uint32_t kStride = kWarpgroupThreads * sizeof(float4);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const uint4 m = ptx::ld_shared_v4_b32(slot + j * kStride);
-    acc[4 * j] = fmaf(__uint_as_float(m.x), beta[0], acc[4 * j]);
-    acc[4 * j + 1] = fmaf(__uint_as_float(m.y), beta[0], acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(__uint_as_float(m.z), beta[1], acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(__uint_as_float(m.w), beta[1], acc[4 * j + 3]);
-  }
-}
-
-// On 128-key tiles: S (64), P (16) and the accumulator (64) leave room to spare. (On 256-key
-// tiles, S (128), P (32) and the accumulator make 224 registers before any scalar: ptxas spilled
-// 1,116 bytes and serialised the wgmmas, 500 bytes with the masked softmax path removed;
-// benchmarks/RESULTS.md, fortieth session.) The accumulator's rescale is skipped by a warp whose
-// 16 rows all kept their maxima (alpha = 1: its fragment holds only its own rows).
-template <class Opt, int consumer, class Smem>
-__device__ __forceinline__ void consume_overlap(Smem& sm, const Fp8Params& p) {
-  constexpr int kPolyExp2Every = Opt::kPolyExp2Every, kEvery = Opt::kPvOverlap;
-  const FragmentCoords at(consumer);
-  const int quad_col = at.quad_col, row_in_block = at.row_in_block;
-  const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
-  const uint32_t master = ptx::smem_addr(&o_master(sm).v[consumer][0][threadIdx.x % kWarpgroupThreads]);
-
-  float s[64], acc[64];
-  uint32_t pa[16];
-  Fp8RowState st;
-  float beta[2];
-
-  const PingPong<Opt::kPingPong> turn(consumer);
-  turn.start();
-
-  RingSlot slot;
-  uint32_t items = 0;
-  for (int i = p.schedule.begin();; ++i, ++items) {
-    if (i >= p.schedule.end()) break;
-    const WorkItem it = schedule_item<1>(p.plan, p.schedule, i);
-    const int row0 = it.row_begin + row_in_block;
-    const float* qs = p.q_scales + head_offset(it.head, p.tokens);
-    st.reset(row0 < it.row_end ? __ldg(qs + row0) : 0.0f, row0 + 8 < it.row_end ? __ldg(qs + row0 + 8) : 0.0f);
-    const float* ks = p.k_scales + head_offset(it.head, p.k_scale_stride) + it.kblock0;
-    const int tiles = (it.seg_len + kTileKeys - 1) / kTileKeys;
-    ptx::mbarrier_wait(&sm.q_full, items & 1u);
-    beta[0] = beta[1] = 1.0f;
-    {
-      const float sk = __ldg(ks);
-      turn.wait();
-      const int stage = slot.stage<Smem::kStages>();
-      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
-      issue_qk(s, q_rows, sm.k[stage][0]);
-      turn.pass();
-      ptx::wgmma_wait<0>();
-      finish_qk<kPolyExp2Every, true>(s, pa, st, sm, slot, it, 0, tiles, sk, p.c, quad_col);
-    }
-    for (int t = 1; t < tiles; ++t) {
-      const int pv_stage = slot.previous_stage<Smem::kStages>();
-      const int stage = slot.stage<Smem::kStages>();
-      const float sk = __ldg(ks + t);
-      turn.wait();
-      ptx::mbarrier_wait(&sm.k_full[stage], slot.parity<Smem::kStages>());
-      issue_qk(s, q_rows, sm.k[stage][0]);
-      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
-      issue_pv(acc, pa, sm.v[pv_stage][0], (t - 1) % kEvery != 0);  // fresh after each addition
-      turn.pass();
-      ptx::wgmma_wait<1>();  // QK^T(t)
-      ptx::fence_operands(s);
-      if (signals_for_warpgroup()) {
-        ptx::mbarrier_arrive(&sm.k_empty[stage]);
-        if (t == tiles - 1) ptx::mbarrier_arrive(&sm.q_empty);
-      }
-      const int valid = it.seg_len - t * kTileKeys;
-      if (valid < kTileKeys) {
-        fp8_softmax_exp<true, kPolyExp2Every>(s, st, valid, sk, p.c, quad_col);
-      } else {
-        fp8_softmax_exp<false, kPolyExp2Every>(s, st, valid, sk, p.c, quad_col);
-      }
-      ptx::wgmma_wait<0>();  // PV(t - 1)
-      ptx::fence_operands(acc);
-      ptx::fence_operands(pa);
-      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
-      if (t % kEvery == 0) {
-        add_into_master(master, acc, beta, t == kEvery);
-        beta[0] = st.alpha[0];
-        beta[1] = st.alpha[1];
-      } else {
-        if (__any_sync(0xffffffffu, st.alpha[0] != 1.0f || st.alpha[1] != 1.0f)) {
-#pragma unroll
-          for (int j = 0; j < 64; ++j) acc[j] *= st.alpha[(j >> 1) & 1];
-        }
-        beta[0] *= st.alpha[0];
-        beta[1] *= st.alpha[1];
-      }
-      pack_p(s, pa);
-      ++slot.index;
-    }
-    {
-      const int pv_stage = slot.previous_stage<Smem::kStages>();
-      turn.wait();
-      ptx::mbarrier_wait(&sm.v_full[pv_stage], slot.previous_parity<Smem::kStages>());
-      issue_pv(acc, pa, sm.v[pv_stage][0], (tiles - 1) % kEvery != 0);
-      turn.pass();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(acc);
-      ptx::fence_operands(pa);
-      if (signals_for_warpgroup()) ptx::mbarrier_arrive(&sm.v_empty[pv_stage]);
-      if (tiles > kEvery) add_master(master, acc, beta);
-    }
-    store_output(acc, st, schedule_item<1>(p.plan, p.schedule, i), row0, p, quad_col);
-  }
-  turn.finish();
-}
-
 // Opt: Fp8Options (production: Fp8Options<>, the defaults); dynamic shared memory:
 // smem_bytes<Opt::kStages, Opt::kTileKeys, Opt::kQInKernel>(). kQInKernel builds: tm_q maps the
 // BF16 q [T, H, 128] in boxes of 64 channels x 128 tokens (128-byte swizzle), not the codes.
@@ -886,13 +730,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_inc<kConsumerRegs>();
     // The consumer index as a template argument: barrier ids and row offsets become immediates
     // (a runtime index kept them in registers and pushed the fused schedule into spills).
-    if constexpr (Opt::kPvOverlap > 0 && Opt::kTileKeys == kTileKeys) {
-      if (warpgroup == 1) {
-        consume_overlap<Opt, 0>(sm, p);
-      } else {
-        consume_overlap<Opt, 1>(sm, p);
-      }
-    } else if constexpr (Opt::kTileKeys == 2 * kTileKeys) {
+    if constexpr (Opt::kTileKeys == 2 * kTileKeys) {
       if (warpgroup == 1) {
         consume_256<Opt, 0>(sm, p);
       } else {
