@@ -121,8 +121,8 @@ register_module(ModuleDef(
           "two consumer warpgroups in ping-pong",
     register_usage_level=8,
     flags=PREPASS_FLAGS + JIT_FLAGS + (
-        "background_traffic", "cluster_ctas", "dynamic_schedule", "kv_copies", "o_update",
-        "ping_pong", "poly_exp2_every", "q_in_kernel", "smem_carveout",
+        "background_traffic", "cluster_ctas", "dynamic_schedule", "interleaved_pack", "kv_copies",
+        "o_update", "ping_pong", "poly_exp2_every", "q_in_kernel", "smem_carveout",
         "softmax", "stages", "tile_keys", "wait_sleep_ns"),
 ))
 register_module(ModuleDef(

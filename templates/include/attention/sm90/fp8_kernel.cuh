@@ -335,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          int BackgroundTraffic = 0>
+          int BackgroundTraffic = 0, bool InterleavedPackOn = false>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -373,6 +373,10 @@ struct Fp8Options {
   static_assert(BackgroundTraffic >= 0 && BackgroundTraffic <= 2, "background_traffic: 0 (off), 1 or 2 (skipped)");
   static_assert(BackgroundTraffic == 0 || QInKernel == 0, "background_traffic: warps 1-3 are the Q quantizer's");
   static constexpr bool kQPerConsumer = QInKernel == 2;
+  // 256-key tiles: P packed into the PV operand as its exponentials complete (fp8_exp_half), not
+  // after them (pack_p).
+  static constexpr bool kInterleavedPack = InterleavedPackOn;
+  static_assert(!InterleavedPackOn || TileKeys == 2 * sm90::kTileKeys, "interleaved_pack: 256-key tiles");
   static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
   static_assert(QInKernel == 0 || (TileKeys == 2 * sm90::kTileKeys && !DynamicOrder),
                 "Q quantised in the kernel: 256-key tiles and the static item order");
@@ -540,7 +544,7 @@ __device__ __forceinline__ uint64_t* q_barrier(Smem& sm) {
 
 // After QK^T of 256-key tile t completed: release its K tile (and the Q rows after the last
 // tile), then the softmax that makes P of tile t, both halves.
-template <int kPolyExp2Every, int kCtas, int kHandoff = -1, class Smem>
+template <int kPolyExp2Every, int kCtas, int kHandoff = -1, bool kPack = false, class Smem>
 __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[64], uint32_t (&pa_lo)[16],
                                               uint32_t (&pa_hi)[16], Fp8RowState& st, Smem& sm, RingSlot& slot,
                                               const WorkItem& it, int t, int tiles, float sk0, float sk1, float c,
@@ -553,12 +557,14 @@ __device__ __forceinline__ void finish_qk_256(float (&s_lo)[64], float (&s_hi)[6
   }
   const int valid = it.seg_len - t * 2 * kTileKeys;
   if (valid < 2 * kTileKeys) {
-    fp8_softmax_exp_256<true, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+    fp8_softmax_exp_256<true, kPolyExp2Every, kPack>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col, pa_lo, pa_hi);
   } else {
-    fp8_softmax_exp_256<false, kPolyExp2Every>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col);
+    fp8_softmax_exp_256<false, kPolyExp2Every, kPack>(s_lo, s_hi, st, valid, sk0, sk1, c, quad_col, pa_lo, pa_hi);
   }
-  pack_p(s_lo, pa_lo);
-  pack_p(s_hi, pa_hi);
+  if constexpr (!kPack) {
+    pack_p(s_lo, pa_lo);
+    pack_p(s_hi, pa_hi);
+  }
   ++slot.index;
 }
 
@@ -589,6 +595,7 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
   const int quad_col = at.quad_col, row_in_block = at.row_in_block;
   const uint8_t* q_rows = sm.q + 64 * consumer * kHeadDim;
   constexpr int kHandoff = Opt::kQPerConsumer ? consumer : -1;  // whose Q barriers (q_barrier)
+  constexpr bool kPack = Opt::kInterleavedPack;
 
   float s_lo[64], s_hi[64], otmp[64], o[64];
   uint32_t pa_lo[16], pa_hi[16];
@@ -630,8 +637,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas, kHandoff>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0, sk1,
-                                                     p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas, kHandoff, kPack>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, 0, tiles, sk0,
+                                                            sk1, p.c, quad_col);
     }
     for (int t = 1; t < tiles; ++t) {
       const int pv_stage = slot.previous_stage<Smem::kStages>();
@@ -649,8 +656,8 @@ __device__ __forceinline__ void consume_256(Smem& sm, const Fp8Params& p) {
       issue_qk_half(s_hi, q_rows, sm.k[stage][1]);
       turn.pass();
       ptx::wgmma_wait<0>();
-      finish_qk_256<kPolyExp2Every, kCtas, kHandoff>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0, sk1,
-                                                     p.c, quad_col);
+      finish_qk_256<kPolyExp2Every, kCtas, kHandoff, kPack>(s_lo, s_hi, pa_lo, pa_hi, st, sm, slot, it, t, tiles, sk0,
+                                                            sk1, p.c, quad_col);
     }
     {
       const int pv_stage = slot.previous_stage<Smem::kStages>();

@@ -95,15 +95,29 @@ __device__ __forceinline__ void fp8_row_maxima(float (&s)[64], float (&row_max)[
   }
 }
 
+// A registers 2m and 2m + 1 of the PV wgmma's E4M3 operand (k-step m / 2; the header's layout)
+// from chunks 2m and 2m + 1 of Ptil in the accumulator layout.
+__device__ __forceinline__ void pack_p_chunks(const float (&p)[64], uint32_t* pa, int m) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int c0 = 8 * m + 2 * r;  // chunk 2m, row g + 8r; chunk 2m + 1 is 4 values on
+    pa[2 * m + r] = ptx::pack_e4m3x4(p[c0], p[c0 + 1], p[c0 + 4], p[c0 + 5]);
+  }
+}
+
 // Ptil of 128 keys in place (a 128-key tile, or one half of a 256-key tile with `valid` counted
 // from its first key) and their row sums, in two partials a row (halves the dependent FADD
 // chain). `first`: the partials start from the first exponentials (0 + x is x for the x >= 0
 // here: no FADD of zero, which the compiler keeps for the sign of a zero); else they are added to.
 // A masked key has s = -inf; with a zero Q scale (an all-zero row) -inf * 0 would be NaN, so its
 // x is set to -inf. Every kPolyExp2Every-th exponential (0: none) runs on the FMA pipe.
-template <bool kMasked, int kPolyExp2Every>
+// pa (kPack): also the E4M3 A operand of the PV wgmma (pack_p's words), each pair of words as soon
+// as the 8 values it holds are exponentiated, so that the packing fills the issue slots the
+// MUFU-bound tail of the exponentials leaves free instead of following it.
+template <bool kMasked, int kPolyExp2Every, bool kPack = false>
 __device__ __forceinline__ void fp8_exp_half(float (&s)[64], const float (&scale)[2], const float (&bias)[2],
-                                             float (&lsum)[2][2], int valid, int quad_col, bool first) {
+                                             float (&lsum)[2][2], int valid, int quad_col, bool first,
+                                             uint32_t* pa = nullptr) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int r = (i >> 1) & 1;
@@ -115,6 +129,9 @@ __device__ __forceinline__ void fp8_exp_half(float (&s)[64], const float (&scale
       s[i] = ptx::ex2_approx(x);
     }
     lsum[r][i & 1] = (first && i < 4) ? s[i] : lsum[r][i & 1] + s[i];
+    if constexpr (kPack) {
+      if ((i & 7) == 7) pack_p_chunks(s, pa, i >> 3);
+    }
   }
 }
 
@@ -149,17 +166,7 @@ __device__ __forceinline__ void fp8_softmax_exp(float (&s)[64], Fp8RowState& st,
 // Second half: Ptil (in the accumulator layout) -> the E4M3 A operand of the PV wgmma.
 __device__ __forceinline__ void pack_p(const float (&p)[64], uint32_t (&pa)[16]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int c0 = 4 * (4 * k + 2 * h) + 2 * r;  // chunk 4k + 2h, row g + 8r
-        const int c1 = c0 + 4;                       // chunk 4k + 2h + 1
-        pa[4 * k + 2 * h + r] = ptx::pack_e4m3x4(p[c0], p[c0 + 1], p[c1], p[c1 + 1]);
-      }
-    }
-  }
+  for (int m = 0; m < 8; ++m) pack_p_chunks(p, pa, m);
 }
 
 template <bool kMasked, int kPolyExp2Every>
@@ -213,9 +220,12 @@ __device__ __forceinline__ void fp8_row_maxima_256(float (&lo)[64], float (&hi)[
 }
 
 // One 256-key tile: lo, hi = raw dot products in, Ptil out; sk0, sk1 = the halves' K scales.
-template <bool kMasked, int kPolyExp2Every>
+// kPack: P packed into pa_lo / pa_hi as the exponentials complete (fp8_exp_half); else the caller
+// packs it after (pack_p).
+template <bool kMasked, int kPolyExp2Every, bool kPack = false>
 __device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)[64], Fp8RowState& st, int valid,
-                                                    float sk0, float sk1, float c, int quad_col) {
+                                                    float sk0, float sk1, float c, int quad_col,
+                                                    uint32_t* pa_lo = nullptr, uint32_t* pa_hi = nullptr) {
   float qk[2][2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -235,8 +245,9 @@ __device__ __forceinline__ void fp8_softmax_exp_256(float (&lo)[64], float (&hi)
     bias[r] = m_new * c - kLog2FP8PScale;
   }
   float lsum[2][2];
-  fp8_exp_half<kMasked, kPolyExp2Every>(lo, scale_lo, bias, lsum, valid, quad_col, true);
-  fp8_exp_half<kMasked, kPolyExp2Every>(hi, scale_hi, bias, lsum, valid - kFp8HalfKeys, quad_col, false);
+  fp8_exp_half<kMasked, kPolyExp2Every, kPack>(lo, scale_lo, bias, lsum, valid, quad_col, true, pa_lo);
+  fp8_exp_half<kMasked, kPolyExp2Every, kPack>(hi, scale_hi, bias, lsum, valid - kFp8HalfKeys, quad_col, false,
+                                               pa_hi);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     st.l[r] = fmaf(st.l[r], st.alpha[r], lsum[r][0] + lsum[r][1]);
