@@ -14,7 +14,12 @@ spent. For each kernel it finds the innermost loops that hold the consumers' 64 
 - its wgmmas;
 - the stall cycles that ptxas encoded in the instructions' control bits, summed. These are the
   fixed-latency part of the schedule; the scoreboard waits of loads, MUFU and wgmma are not in
-  them, so the sum is no timing (a lower sum has measured slower).
+  them, so the sum is no timing (a lower sum has measured slower);
+- the same two counts along a steady-state tile's path (no predicated branch taken: not the
+  masked softmax of a segment's last tile): what one consumer warp issues a tile. On the H100
+  the FP8 kernel's tile took ~1.1x the sum of its two consumer warps' path stall cycles (they
+  share each SM sub-partition's issue slot and MUFU), across 128- and 256-key builds
+  (benchmarks/RESULTS.md, forty-first session); a change of a few percent is still no timing.
 Then, loop by loop, how many of BUILD's instructions keep PRODUCTION's order once register and
 predicate names are masked. All of them: the same loop, renamed. Fewer: a new schedule, which
 only a timing can judge.
@@ -47,6 +52,12 @@ class Loop:
     instructions: list[str]
     stall_cycles: int
     wgmmas: int
+    # The fall-through path from head to back branch (a predicated branch not taken, a plain
+    # one followed): a steady-state tile, whose branches skip the masked softmax of a segment's
+    # last tile, the one thread's barrier arrivals and the waits' retries. Its instructions and
+    # encoded stall cycles are what one consumer warp issues a tile.
+    path_instructions: int = 0
+    path_stall_cycles: int = 0
 
 
 def _opcode(text: str) -> str:
@@ -94,8 +105,28 @@ def consumer_loops(sass: str) -> list[Loop]:
             spans.append((head, i))
     innermost = [s for s in spans
                  if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
-    return [Loop(a, b, [t for _, t, _ in ins[a:b + 1]], sum(c for _, _, c in ins[a:b + 1]),
-                 sum(1 for j in mma if a <= j <= b)) for a, b in sorted(innermost)]
+    loops = []
+    for a, b in sorted(innermost):
+        count, stalls = fall_through_path(ins, index, a, b)
+        loops.append(Loop(a, b, [t for _, t, _ in ins[a:b + 1]], sum(c for _, _, c in ins[a:b + 1]),
+                          sum(1 for j in mma if a <= j <= b), count, stalls))
+    return loops
+
+
+def fall_through_path(ins: list[tuple[int, str, int]], index: dict[int, int], first: int,
+                      last: int) -> tuple[int, int]:
+    """(instructions, encoded stall cycles) of the path from ``first`` to ``last`` that takes
+    no predicated branch and follows every plain one (a forward jump inside the loop)."""
+    i, count, stalls = first, 0, 0
+    while first <= i <= last and count <= last - first:
+        _, text, cycles = ins[i]
+        count += 1
+        stalls += cycles
+        if i == last:
+            break
+        target = re.match(r"BRA 0x([0-9a-f]+)\b", text)  # a predicated one starts with @
+        i = index.get(int(target.group(1), 16), last + 1) if target else i + 1
+    return count, stalls
 
 
 def kept_order(base: list[str], build: list[str]) -> int:
@@ -116,7 +147,8 @@ def compare(production: Path, build: Path, kernel: str) -> bool:
         for n, loop in enumerate(loops):
             print(f"{label} loop {n}: instructions {loop.first}-{loop.last} "
                   f"({len(loop.instructions)}), {loop.wgmmas} wgmmas, "
-                  f"{loop.stall_cycles} encoded stall cycles")
+                  f"{loop.stall_cycles} encoded stall cycles; a steady-state tile's path "
+                  f"{loop.path_instructions} instructions, {loop.path_stall_cycles} stall cycles")
     if len(base) != len(other):
         print(f"different loop structure: {len(base)} consumer loops against {len(other)}")
         return False

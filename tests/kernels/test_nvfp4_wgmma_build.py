@@ -513,6 +513,9 @@ def test_sass_tile_loop_tells_a_kept_loop_from_a_rescheduled_one(so: Path) -> No
     (loop,) = tool.consumer_loops(bt.sass(so, KERNEL))
     print(f"production: {len(loop.instructions)} instructions, {loop.stall_cycles} stall cycles")
     assert loop.wgmmas == 16 and loop.stall_cycles > len(loop.instructions) // 2
+    # A steady-state tile's path: some of the loop, the retries and one-thread arrivals off it.
+    assert 0 < loop.path_instructions < len(loop.instructions)
+    assert 0 < loop.path_stall_cycles < loop.stall_cycles
     assert tool.kept_order(loop.instructions, loop.instructions) == len(loop.instructions)
     build = Path(build_module(KernelConfig("nvfp4_wgmma", arch="sm_90a",
                                            flags={"background_traffic": 2})))
