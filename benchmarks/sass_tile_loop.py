@@ -17,8 +17,8 @@ spent. For each kernel it finds the innermost loops that hold the consumers' 64 
   them, so the sum is no timing (a lower sum has measured slower);
 - the same two counts along a steady-state tile's path (no predicated branch taken: not the
   masked softmax of a segment's last tile): what one consumer warp issues a tile. On the H100
-  the FP8 kernel's tile took ~1.1x the sum of its two consumer warps' path stall cycles (they
-  share each SM sub-partition's issue slot and MUFU), across 128- and 256-key builds
+  the FP8 kernel's tile took 1.01-1.05x the sum of its two consumer warps' path stall cycles
+  (they share each SM sub-partition's issue slot and MUFU), across 128- and 256-key builds
   (benchmarks/RESULTS.md, forty-first session); a change of a few percent is still no timing.
 Then, loop by loop, how many of BUILD's instructions keep PRODUCTION's order once register and
 predicate names are masked. All of them: the same loop, renamed. Fewer: a new schedule, which
