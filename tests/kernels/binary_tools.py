@@ -106,3 +106,16 @@ def build_host_library(out: Path, stem: str, source: str, *, pthread: bool = Fal
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
     return ctypes.CDLL(str(lib))
+
+
+def sass_tile_loop():
+    """benchmarks/sass_tile_loop.py, imported by path (benchmarks/ is not a package)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_tile_loop.py"
+    spec = importlib.util.spec_from_file_location("sass_tile_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks its module up there)
+    spec.loader.exec_module(module)
+    return module

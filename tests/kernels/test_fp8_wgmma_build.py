@@ -143,6 +143,30 @@ def test_128_key_build() -> None:
     bt.assert_no_local_memory(so, KERNEL)
 
 
+def test_interleaved_pack_build(so: Path) -> None:
+    """``interleaved_pack`` (P packed into the PV operand as its exponentials complete,
+    fp8_softmax.cuh fp8_exp_half): all 32 FP8 wgmmas of a consumer pair asynchronous, no local
+    memory, and what it is for: a steady-state tile's path (benchmarks/sass_tile_loop.py) encodes
+    fewer stall cycles than production's, where the packing follows the MUFU-bound tail of the
+    exponentials (forty-first session: 1,846 against 2,011)."""
+    from flashinfer_h3.jit import KernelConfig, build_module
+
+    build = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
+                                           flags={"interleaved_pack": True})))
+    sass = bt.sass(build, KERNEL)
+    assert len(re.findall(QGMMA, sass)) == 64
+    assert sass.count("WARPGROUP.ARRIVE") == 2 * 6
+    bt.assert_no_local_memory(build, KERNEL)
+    tool = bt.sass_tile_loop()
+    base = tool.consumer_loops(bt.sass(so, KERNEL))
+    packed = tool.consumer_loops(sass)
+    print("path stall cycles: production", [lp.path_stall_cycles for lp in base],
+          "interleaved", [lp.path_stall_cycles for lp in packed])
+    assert len(base) == len(packed) == 2
+    for a, b in zip(base, packed, strict=True):
+        assert b.path_stall_cycles < a.path_stall_cycles
+
+
 def test_256_key_tiles_refuse_the_dynamic_order() -> None:
     """The 256-key consumers stride statically; a build asking for the dynamic item order with
     them (whose producer would draw items the consumers never take) fails to compile."""

@@ -486,19 +486,6 @@ def test_e2m1_round_matches_formats(rounding: ctypes.CDLL) -> None:
     assert torch.equal(got, want)
 
 
-def _sass_tile_loop():
-    """benchmarks/sass_tile_loop.py, imported by path (benchmarks/ is not a package)."""
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_tile_loop.py"
-    spec = importlib.util.spec_from_file_location("sass_tile_loop", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclass looks its module up there)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sass_tile_loop_tells_a_kept_loop_from_a_rescheduled_one(so: Path) -> None:
     """benchmarks/sass_tile_loop.py, the CPU check of whether a build kept production's tile loop.
     Production has one consumer loop, the steady-state tile: PV(t - 1) and QK^T(t), 8 k16 wgmmas
@@ -509,7 +496,7 @@ def test_sass_tile_loop_tells_a_kept_loop_from_a_rescheduled_one(so: Path) -> No
     to register names, stall cycles too.)"""
     from flashinfer_h3.jit import KernelConfig, build_module
 
-    tool = _sass_tile_loop()
+    tool = bt.sass_tile_loop()
     (loop,) = tool.consumer_loops(bt.sass(so, KERNEL))
     print(f"production: {len(loop.instructions)} instructions, {loop.stall_cycles} stall cycles")
     assert loop.wgmmas == 16 and loop.stall_cycles > len(loop.instructions) // 2
