@@ -18,9 +18,10 @@ tile's 64 exponentials a thread on the FMA pipe; production 0 = none), ``backgro
 (as FP8's, below: warps 1-3 of the TMA warpgroup). FP8 builds:
 ``tile_keys`` (256, production, or 128 keys a KV tile), ``poly_exp2_every`` (every n-th
 exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``stages`` (the
-K/V ring depth), ``interleaved_pack`` (P packed into the PV operand as its exponentials
-complete, not after all of them); with 128-key tiles only: ``softmax=False`` (S packed as
-P), ``o_update=False`` (no ``O = alpha O + Otmp``: its instructions and registers);
+K/V ring depth), ``interleaved_pack=False`` (P packed after the last of its exponentials,
+production until 2026-12-07, instead of as they complete); with 128-key tiles only:
+``softmax=False`` (S packed as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its
+instructions and registers);
 ``kv_copies=False`` (K and V copied into each ring slot once, later tiles reuse it: what
 their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
 query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
@@ -92,8 +93,6 @@ MODULES = HOPPER_MODULES  # (module, backend) of each op
 
 # The FP8 kernel's 128-key tiles with their exponential split (production until 2026-12-02).
 T128: dict[str, Any] = {"tile_keys": 128, "poly_exp2_every": 32}
-# The FP8 kernel with P packed into the PV operand as its exponentials complete.
-PACK: dict[str, Any] = {"interleaved_pack": True}
 
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "nvfp4": {
@@ -129,7 +128,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "1 in 64 exp2 on FMA (element 47)": {"poly_exp2_every": 48},
     },
     "fp8": {
-        "production (256-key tiles, 2 in 128 exp2 on FMA)": {},
+        "production (256-key tiles, 2 in 128 exp2 on FMA, P packed as they complete)": {},
         "Q quantised in the kernel by the producer warpgroup": {"q_in_kernel": 1},
         "Q quantised in the kernel, one Q hand-off per consumer": {"q_in_kernel": 2},
         "benchmark build: the pre-pass's DRAM traffic streamed by producer warps 1-3":
@@ -142,10 +141,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "clusters of 2 CTAs, ring depth 3": {"cluster_ctas": 2, "stages": 3},
         "clusters of 2 CTAs, producer's waits polling": {"cluster_ctas": 2, "wait_sleep_ns": 0},
         "128-key tiles, 1 in 32 exp2 on FMA (production until 2026-12-02)": T128,
-        "P packed as its exponentials complete": PACK,
-        "P packed as its exponentials complete, all on MUFU": {**PACK, "poly_exp2_every": 0},
-        "P packed as its exponentials complete, 4 in 128 on FMA": {**PACK, "poly_exp2_every": 32},
-        "P packed as its exponentials complete, 8 in 128 on FMA": {**PACK, "poly_exp2_every": 16},
+        "P packed after its exponentials (production until 2026-12-07)":
+            {"interleaved_pack": False},
         "all exp2 on MUFU": {"poly_exp2_every": 0},
         "4 in 128 exp2 on FMA": {"poly_exp2_every": 32},
         "8 in 128 exp2 on FMA": {"poly_exp2_every": 16},

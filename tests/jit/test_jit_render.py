@@ -222,7 +222,7 @@ def test_flags_order_does_not_matter() -> None:
              "/*softmax=*/true,", "/*o_update=*/true,",
              "/*wait_sleep_ns=*/fh3::sm90::kProducerWaitSleepNs,", "/*dynamic_schedule=*/false,",
              "/*tile_keys=*/256,", "/*kv_copies=*/true,", "/*cluster_ctas=*/1,",
-             "/*q_in_kernel=*/0,", "/*background_traffic=*/0,", "/*interleaved_pack=*/false>"],
+             "/*q_in_kernel=*/0,", "/*background_traffic=*/0,", "/*interleaved_pack=*/true>"],
         ),
         (
             "fp8_wgmma",
@@ -232,7 +232,8 @@ def test_flags_order_does_not_matter() -> None:
             ["/*poly_exp2_every=*/8,", "/*ping_pong=*/false,", "/*stages=*/3,",
              "/*softmax=*/false,", "/*o_update=*/false,", "/*wait_sleep_ns=*/0,",
              "/*dynamic_schedule=*/true,", "/*tile_keys=*/128,", "/*kv_copies=*/false,",
-             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1,", "/*background_traffic=*/0,"],
+             "/*cluster_ctas=*/2,", "/*q_in_kernel=*/1,", "/*background_traffic=*/0,",
+             "/*interleaved_pack=*/false>"],
         ),
         (
             "fp8_wgmma",
@@ -241,8 +242,8 @@ def test_flags_order_does_not_matter() -> None:
         ),
         (
             "fp8_wgmma",
-            {"interleaved_pack": True},
-            ["/*background_traffic=*/0,", "/*interleaved_pack=*/true>"],
+            {"interleaved_pack": False},
+            ["/*background_traffic=*/0,", "/*interleaved_pack=*/false>"],
         ),
         (
             "nvfp4_wgmma",

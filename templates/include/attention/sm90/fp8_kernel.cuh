@@ -335,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          int BackgroundTraffic = 0, bool InterleavedPackOn = false>
+          int BackgroundTraffic = 0, bool InterleavedPackOn = true>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
@@ -373,8 +373,10 @@ struct Fp8Options {
   static_assert(BackgroundTraffic >= 0 && BackgroundTraffic <= 2, "background_traffic: 0 (off), 1 or 2 (skipped)");
   static_assert(BackgroundTraffic == 0 || QInKernel == 0, "background_traffic: warps 1-3 are the Q quantizer's");
   static constexpr bool kQPerConsumer = QInKernel == 2;
-  // 256-key tiles: P packed into the PV operand as its exponentials complete (fp8_exp_half), not
-  // after them (pack_p).
+  // 256-key tiles: P packed into the PV operand as its exponentials complete (fp8_exp_half), in
+  // the issue slots the MUFU-bound tail of the exponentials leaves free; false (benchmark builds;
+  // production until 2026-12-07): after the last one (pack_p), 2 % slower on the H100, the same
+  // output bit for bit (benchmarks/RESULTS.md, forty-first session).
   static constexpr bool kInterleavedPack = InterleavedPackOn;
   static_assert(!InterleavedPackOn || TileKeys == 2 * sm90::kTileKeys, "interleaved_pack: 256-key tiles");
   static_assert(QInKernel >= 0 && QInKernel <= 2, "q_in_kernel: 0 (off), 1 or 2 (per-consumer hand-off)");
