@@ -335,7 +335,7 @@ __device__ __forceinline__ void store_output(const float (&o)[64], const Fp8RowS
 template <int PolyExp2Every = 64, bool PingPongOn = true, int Stages = kFp8Stages, bool SoftmaxOn = true,
           bool OUpdateOn = true, uint32_t WaitSleepNs = kProducerWaitSleepNs, bool DynamicOrder = false,
           int TileKeys = 2 * kTileKeys, bool CopyKvOn = true, int ClusterCtas = 1, int QInKernel = 0,
-          int BackgroundTraffic = 0, bool InterleavedPackOn = true>
+          int BackgroundTraffic = 0, bool InterleavedPackOn = (TileKeys == 2 * kTileKeys)>
 struct Fp8Options {
   // Every n-th exponential of a thread's 64 per 128 keys on the FMA pipe (0: none). With 256-key
   // tiles 64 (elements 63 of each half: 2 of 128) measured best of 0, 16, 32, 36 to 62 and 64,
