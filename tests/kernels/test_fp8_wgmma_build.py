@@ -149,8 +149,8 @@ def test_p_packed_as_its_exponentials_complete(so: Path) -> None:
     steady-state tile's path (benchmarks/sass_tile_loop.py) encodes fewer stall cycles than that
     of the ``interleaved_pack=False`` build (production until 2026-12-07), which packs after the
     last exponential (forty-first session: 1,846 against 2,011; 2 % faster on the H100, the same
-    output). That build keeps all 32 FP8 wgmmas of a consumer pair asynchronous and has no local
-    memory."""
+    output). That build keeps all 64 FP8 wgmmas (both consumers' code) asynchronous and has no
+    local memory."""
     from flashinfer_h3.jit import KernelConfig, build_module
 
     after = Path(build_module(KernelConfig("fp8_wgmma", arch="sm_90a",
