@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/sass_tile_loop.py PRODUCTION.so BUILD.so [--kernel attention_fp8_wgmma_kernel]
+        [--opcodes 12]
 
 A change outside the consumer's tile loop (an item boundary, an epilogue, the producer) still
 makes ptxas schedule the whole kernel again. On the H100 every item-boundary build lost 0.6-1.7 %
@@ -20,6 +21,10 @@ spent. For each kernel it finds the innermost loops that hold the consumers' 64 
   the FP8 kernel's tile took 1.01-1.05x the sum of its two consumer warps' path stall cycles
   (they share each SM sub-partition's issue slot and MUFU), across 128- and 256-key builds
   (benchmarks/RESULTS.md, forty-first session); a change of a few percent is still no timing.
+With ``--opcodes N``, each loop's tile path by opcode as well (the N with most stall cycles). A
+stall is charged to the instruction that encodes it: in the FP8 kernel's exponentials, issued one
+MUFU.EX2 every 8 cycles, the FADD of the row sum after each MUFU carries up to 7 of them, so its
+~530 cycles a tile are MUFU throughput, not an FADD chain (forty-second session).
 Then, loop by loop, how many of BUILD's instructions keep PRODUCTION's order once register and
 predicate names are masked. All of them: the same loop, renamed. Fewer: a new schedule, which
 only a timing can judge.
@@ -36,7 +41,8 @@ import difflib
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* 0x[0-9a-f]+ \*/")
@@ -58,6 +64,10 @@ class Loop:
     # encoded stall cycles are what one consumer warp issues a tile.
     path_instructions: int = 0
     path_stall_cycles: int = 0
+    # The path's instructions and stall cycles by opcode (predicate dropped, modifiers kept):
+    # where a tile's issue time goes. A stall is charged to the instruction that encodes it, so
+    # a MUFU-bound stretch shows as stalls on whatever follows each MUFU.EX2 (FADD, F2FP).
+    path_opcodes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def _opcode(text: str) -> str:
@@ -107,26 +117,37 @@ def consumer_loops(sass: str) -> list[Loop]:
                  if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
     loops = []
     for a, b in sorted(innermost):
-        count, stalls = fall_through_path(ins, index, a, b)
+        path = tile_path(ins, index, a, b)
+        count, cycles = Counter(), Counter()
+        for j in path:
+            count[_opcode(ins[j][1])] += 1
+            cycles[_opcode(ins[j][1])] += ins[j][2]
         loops.append(Loop(a, b, [t for _, t, _ in ins[a:b + 1]], sum(c for _, _, c in ins[a:b + 1]),
-                          sum(1 for j in mma if a <= j <= b), count, stalls))
+                          sum(1 for j in mma if a <= j <= b), len(path), sum(cycles.values()),
+                          {op: (count[op], cycles[op]) for op in count}))
     return loops
 
 
-def fall_through_path(ins: list[tuple[int, str, int]], index: dict[int, int], first: int,
-                      last: int) -> tuple[int, int]:
-    """(instructions, encoded stall cycles) of the path from ``first`` to ``last`` that takes
-    no predicated branch and follows every plain one (a forward jump inside the loop)."""
-    i, count, stalls = first, 0, 0
-    while first <= i <= last and count <= last - first:
-        _, text, cycles = ins[i]
-        count += 1
-        stalls += cycles
+def tile_path(ins: list[tuple[int, str, int]], index: dict[int, int], first: int,
+              last: int) -> list[int]:
+    """Instruction indices of the path from ``first`` to ``last`` that takes no predicated
+    branch and follows every plain one (a forward jump inside the loop)."""
+    i, path = first, []
+    while first <= i <= last and len(path) <= last - first:
+        path.append(i)
         if i == last:
             break
-        target = re.match(r"BRA 0x([0-9a-f]+)\b", text)  # a predicated one starts with @
+        target = re.match(r"BRA 0x([0-9a-f]+)\b", ins[i][1])  # a predicated one starts with @
         i = index.get(int(target.group(1), 16), last + 1) if target else i + 1
-    return count, stalls
+    return path
+
+
+def print_opcodes(loop: Loop, label: str, top: int) -> None:
+    """The ``top`` opcodes of a loop's tile path by encoded stall cycles."""
+    print(f"{label}: a tile's path by opcode (instructions, stall cycles), {top} with most cycles")
+    ranked = sorted(loop.path_opcodes.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    for op, (n, cycles) in ranked[:top]:
+        print(f"  {op:44s} {n:5d} {cycles:6d}")
 
 
 def kept_order(base: list[str], build: list[str]) -> int:
@@ -138,9 +159,10 @@ def kept_order(base: list[str], build: list[str]) -> int:
     return sum(block.size for block in matcher.get_matching_blocks())
 
 
-def compare(production: Path, build: Path, kernel: str) -> bool:
-    """Print both builds' consumer loops and, loop by loop, how many of BUILD's instructions keep
-    PRODUCTION's order; True if every loop is the same one, renamed at most."""
+def compare(production: Path, build: Path, kernel: str, opcodes: int = 0) -> bool:
+    """Print both builds' consumer loops (and, opcodes > 0, that many opcodes of each loop's
+    tile path) and, loop by loop, how many of BUILD's instructions keep PRODUCTION's order; True
+    if every loop is the same one, renamed at most."""
     base = consumer_loops(function_sass(production, kernel))
     other = consumer_loops(function_sass(build, kernel))
     for label, loops in (("production", base), ("build", other)):
@@ -149,6 +171,8 @@ def compare(production: Path, build: Path, kernel: str) -> bool:
                   f"({len(loop.instructions)}), {loop.wgmmas} wgmmas, "
                   f"{loop.stall_cycles} encoded stall cycles; a steady-state tile's path "
                   f"{loop.path_instructions} instructions, {loop.path_stall_cycles} stall cycles")
+            if opcodes > 0:
+                print_opcodes(loop, f"{label} loop {n}", opcodes)
     if len(base) != len(other):
         print(f"different loop structure: {len(base)} consumer loops against {len(other)}")
         return False
@@ -169,8 +193,11 @@ def main() -> int:
     parser.add_argument("build", type=Path)
     parser.add_argument("--kernel", default="attention_nvfp4_wgmma_kernel",
                         help="a part of the kernel's mangled name (one function must match)")
+    parser.add_argument("--opcodes", type=int, default=0, metavar="N",
+                        help="also print each loop's tile path by opcode (the N with most "
+                             "stall cycles)")
     args = parser.parse_args()
-    return 0 if compare(args.production, args.build, args.kernel) else 1
+    return 0 if compare(args.production, args.build, args.kernel, args.opcodes) else 1
 
 
 if __name__ == "__main__":
