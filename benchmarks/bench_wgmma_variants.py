@@ -21,10 +21,10 @@ exponential of each 128-key half on the FMA pipe; production 64, 0 = none), ``st
 K/V ring depth), ``interleaved_pack=False`` (P packed after the last of its exponentials,
 production until 2026-12-07, instead of as they complete); with 128-key tiles only:
 ``softmax=False`` (S packed as P), ``o_update=False`` (no ``O = alpha O + Otmp``: its
-instructions and registers);
-``kv_copies=False`` (K and V copied into each ring slot once, later tiles reuse it: what
-their way from L2 costs, energy included); ``cluster_ctas=2`` (clusters of two CTAs on pairs of
-query blocks sharing every K/V tile copy; its schedule from ``Plan.schedule_for``);
+instructions and registers); ``kv_copies=False`` (K and V copied into each ring slot once,
+later tiles reuse it: what their way from L2 costs, energy included); ``cluster_ctas=2``
+(clusters of two CTAs on pairs of query blocks sharing every K/V tile copy; its schedule from
+``Plan.schedule_for``);
 ``q_in_kernel=1`` (Q quantised from the BF16 q by the producer warpgroup's warps 1-3 instead of read
 as the pre-pass's codes; its time includes that work; ``2``: each consumer's 64 rows handed over on
 a barrier of their own); ``background_traffic=1``

@@ -61,13 +61,18 @@ class Loop:
     # The fall-through path from head to back branch (a predicated branch not taken, a plain
     # one followed): a steady-state tile, whose branches skip the masked softmax of a segment's
     # last tile, the one thread's barrier arrivals and the waits' retries. Its instructions and
-    # encoded stall cycles are what one consumer warp issues a tile.
-    path_instructions: int = 0
-    path_stall_cycles: int = 0
-    # The path's instructions and stall cycles by opcode (predicate dropped, modifiers kept):
-    # where a tile's issue time goes. A stall is charged to the instruction that encodes it, so
-    # a MUFU-bound stretch shows as stalls on whatever follows each MUFU.EX2 (FADD, F2FP).
+    # encoded stall cycles by opcode (predicate dropped, modifiers kept): what one consumer warp
+    # issues a tile, and where its issue time goes. A stall is charged to the instruction that
+    # encodes it, so a MUFU-bound stretch shows as stalls on whatever follows each MUFU.EX2.
     path_opcodes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def path_instructions(self) -> int:
+        return sum(n for n, _ in self.path_opcodes.values())
+
+    @property
+    def path_stall_cycles(self) -> int:
+        return sum(c for _, c in self.path_opcodes.values())
 
 
 def _opcode(text: str) -> str:
@@ -117,13 +122,13 @@ def consumer_loops(sass: str) -> list[Loop]:
                  if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
     loops = []
     for a, b in sorted(innermost):
-        path = tile_path(ins, index, a, b)
         count, cycles = Counter(), Counter()
-        for j in path:
-            count[_opcode(ins[j][1])] += 1
-            cycles[_opcode(ins[j][1])] += ins[j][2]
+        for j in tile_path(ins, index, a, b):
+            op = _opcode(ins[j][1])
+            count[op] += 1
+            cycles[op] += ins[j][2]
         loops.append(Loop(a, b, [t for _, t, _ in ins[a:b + 1]], sum(c for _, _, c in ins[a:b + 1]),
-                          sum(1 for j in mma if a <= j <= b), len(path), sum(cycles.values()),
+                          sum(1 for j in mma if a <= j <= b),
                           {op: (count[op], cycles[op]) for op in count}))
     return loops
 
